@@ -1,0 +1,588 @@
+package leader
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Errors returned by the Elector.
+var (
+	// ErrNotLeader is returned by Resign and RunIfLeader when this instance
+	// does not lead at the moment, and by Check.
+	ErrNotLeader = errors.New("leader: not the leader")
+
+	// ErrAlreadyRunning is returned by Run while another call to Run on the
+	// same Elector has not returned.
+	ErrAlreadyRunning = errors.New("leader: Run already running")
+)
+
+// Status is a snapshot of what an Elector knows.
+type Status struct {
+	// Name is the election name.
+	Name string `json:"name"`
+	// ID is this instance's candidate ID.
+	ID string `json:"id"`
+	// IsLeader reports whether this instance leads now.
+	IsLeader bool `json:"is_leader"`
+	// Leader is the candidate ID of the leader as last observed, or "" when
+	// there is none or it is not known.
+	Leader string `json:"leader"`
+	// Term is the fencing term of the observed leader's grant.
+	Term uint64 `json:"term"`
+	// AcquiredAt is when the observed leader was granted the lease, on the
+	// store's clock.
+	AcquiredAt time.Time `json:"acquired_at"`
+	// ExpiresAt is when the observed leader's lease runs out unless renewed,
+	// on the store's clock, as last reported.
+	ExpiresAt time.Time `json:"expires_at"`
+	// LastContact is when a store call last succeeded, on this host's clock;
+	// zero before the first. Health checks can compare it with the TTL.
+	LastContact time.Time `json:"last_contact"`
+}
+
+// Elector campaigns for one name on a Store, leads while it holds the lease,
+// and campaigns again after each loss. See the package documentation for the
+// state machine and the timing argument.
+//
+// The zero value is not usable; create Electors with New. An Elector's
+// methods are safe for concurrent use.
+type Elector struct {
+	cfg   Config
+	store Store
+	cand  Candidate
+	log   *slog.Logger
+
+	resignCh chan chan struct{} // Resign -> lead loop; the inner channel is closed when handed over
+	pubCh    chan Status        // latest status for OnNewLeader, capacity 1
+
+	mu        sync.Mutex
+	running   bool
+	status    Status
+	leaderCtx context.Context // non-nil while leading
+	published leaderKey       // last observed leader given to OnNewLeader
+}
+
+// leaderKey identifies one observed leadership for change detection.
+type leaderKey struct {
+	id   string
+	term uint64
+}
+
+// New returns an Elector for cfg on store, or a *ConfigError if cfg breaks a
+// rule. Nothing starts until Run.
+func New(store Store, cfg Config) (*Elector, error) {
+	if store == nil {
+		return nil, errors.New("leader: New: store is nil")
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	token, err := newToken()
+	if err != nil {
+		return nil, fmt.Errorf("leader: New: making instance token: %w", err)
+	}
+	e := &Elector{
+		cfg:      cfg,
+		store:    store,
+		cand:     Candidate{ID: cfg.ID, Token: token},
+		log:      cfg.Logger.With(slog.String("election", cfg.Name), slog.String("id", cfg.ID)),
+		resignCh: make(chan chan struct{}),
+		pubCh:    make(chan Status, 1),
+	}
+	e.status = Status{Name: cfg.Name, ID: cfg.ID}
+	return e, nil
+}
+
+func newToken() (string, error) {
+	var b [16]byte
+	if _, err := crand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// Config returns the Elector's configuration with its defaults filled in.
+func (e *Elector) Config() Config { return e.cfg }
+
+// IsLeader reports whether this instance leads now. It turns false before the
+// leader context is cancelled.
+func (e *Elector) IsLeader() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.status.IsLeader
+}
+
+// Status returns a snapshot of what the Elector knows.
+func (e *Elector) Status() Status {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.status
+}
+
+// Check returns nil if this instance leads now and ErrNotLeader otherwise.
+// Its signature matches the distributed-elector interfaces of job schedulers
+// such as gocron (IsLeader(context.Context) error); see GocronElector.
+func (e *Elector) Check(context.Context) error {
+	if e.IsLeader() {
+		return nil
+	}
+	return ErrNotLeader
+}
+
+// RunIfLeader calls fn only if this instance leads now, and returns
+// ErrNotLeader otherwise. fn's context is cancelled when ctx ends or
+// leadership is lost, whichever comes first, and carries the term (see
+// TermFrom). RunIfLeader returns fn's error.
+func (e *Elector) RunIfLeader(ctx context.Context, fn func(ctx context.Context) error) error {
+	e.mu.Lock()
+	lctx := e.leaderCtx
+	e.mu.Unlock()
+	if lctx == nil || lctx.Err() != nil {
+		return ErrNotLeader
+	}
+	term, _ := TermFrom(lctx)
+	fctx, cancel := context.WithCancelCause(withTerm(ctx, term))
+	defer cancel(nil)
+	stop := context.AfterFunc(lctx, func() { cancel(context.Cause(lctx)) })
+	defer stop()
+	return fn(fctx)
+}
+
+// Resign steps down now if this instance leads: the leader context is
+// cancelled, OnDemoted runs, the lease is released so another instance can
+// take over at once, and Resign returns. The Elector keeps campaigning, but
+// sits out for one RenewInterval first so that the others get the lease.
+// Resign returns ErrNotLeader if this instance does not lead, and ctx.Err() if
+// ctx ends first (stepping down then still completes in the background).
+func (e *Elector) Resign(ctx context.Context) error {
+	e.mu.Lock()
+	lctx := e.leaderCtx
+	e.mu.Unlock()
+	if lctx == nil {
+		return ErrNotLeader
+	}
+	done := make(chan struct{})
+	select {
+	case e.resignCh <- done:
+	case <-lctx.Done():
+		return ErrNotLeader
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Run campaigns, leads and campaigns again after each loss, until ctx ends.
+// Then, if leading, it cancels the leader context, calls OnDemoted, waits for
+// OnElected to return, releases the lease so another instance takes over at
+// once, and returns nil. It returns ErrAlreadyRunning if called while another
+// Run on this Elector is running.
+func (e *Elector) Run(ctx context.Context) error {
+	e.mu.Lock()
+	if e.running {
+		e.mu.Unlock()
+		return ErrAlreadyRunning
+	}
+	e.running = true
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.running = false
+		e.mu.Unlock()
+	}()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bgCtx, stopBg := context.WithCancel(ctx)
+	defer stopBg()
+
+	if e.cfg.OnNewLeader != nil {
+		wg.Go(func() { e.publishLoop(bgCtx) })
+	}
+	wake, err := e.store.Watch(bgCtx, e.cfg.Name)
+	if err != nil {
+		e.log.Warn("store wake-ups unavailable; followers will wait for lease expiry", slog.Any("error", err))
+		wake = nil
+	}
+
+	e.log.Info("campaigning", slog.Duration("ttl", e.cfg.TTL), slog.Duration("renew_interval", e.cfg.RenewInterval))
+	var notBefore time.Time
+	for {
+		lease, sent, ok := e.follow(ctx, &wake, notBefore)
+		if !ok {
+			e.log.Info("stopped")
+			return nil
+		}
+		reason := e.lead(ctx, lease, sent)
+		notBefore = time.Time{}
+		if reason == LossResigned {
+			notBefore = time.Now().Add(e.cfg.RenewInterval)
+		}
+	}
+}
+
+// follow campaigns until this instance is granted the lease (ok true) or ctx
+// ends (ok false). It tries at once, then at the expiry the store reported,
+// or when the store signals a change, never before notBefore.
+func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore time.Time) (lease Lease, sent time.Time, ok bool) {
+	timer := time.NewTimer(time.Until(notBefore))
+	defer timer.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return Lease{}, time.Time{}, false
+		case _, open := <-*wake:
+			if !open {
+				*wake = nil
+				continue
+			}
+			if time.Now().Before(notBefore) {
+				continue // our own release; let the others take it
+			}
+			timer.Stop()
+		case <-timer.C:
+		}
+
+		sent = time.Now()
+		callCtx, cancel := context.WithTimeout(ctx, e.cfg.RenewInterval)
+		lease, granted, err := e.store.Acquire(callCtx, e.cfg.Name, e.cand, e.cfg.TTL)
+		cancel()
+		e.recordCall("acquire", sent, err)
+
+		var wait time.Duration
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return Lease{}, time.Time{}, false
+		case err != nil:
+			failures++
+			level := slog.LevelWarn
+			if failures > 1 {
+				level = slog.LevelDebug // said once per outage
+			}
+			if errors.Is(err, ErrReadOnly) {
+				e.log.Log(ctx, level, "store is read-only (for example a replica); cannot campaign", slog.Any("error", err))
+			} else {
+				e.log.Log(ctx, level, "acquire failed", slog.Any("error", err), slog.Int("failures", failures))
+			}
+			wait = e.cfg.RetryInterval + e.jitter()
+		case granted:
+			if ctx.Err() != nil {
+				e.release(ctx, lease.Term)
+				return Lease{}, time.Time{}, false
+			}
+			if time.Since(sent) >= e.cfg.TTL-e.cfg.DriftMargin-e.cfg.StopGrace {
+				// Granted, but the answer came too late to lead safely.
+				e.log.Warn("acquire answered too late to lead; releasing", slog.Duration("took", time.Since(sent)))
+				e.release(ctx, lease.Term)
+				wait = e.cfg.RetryInterval
+				break
+			}
+			return lease, sent, true
+		default:
+			if failures > 0 {
+				e.log.Info("store reachable again")
+			}
+			failures = 0
+			e.observe(lease)
+			if lease.Held() {
+				wait = lease.Remaining + e.jitter()
+			} else {
+				wait = e.cfg.RetryInterval + e.jitter() // lost a race for a free lease
+			}
+		}
+		if w := time.Until(notBefore); w > wait {
+			wait = w
+		}
+		timer.Reset(wait)
+	}
+}
+
+// jitter spreads followers' attempts a little so they do not all hit the
+// store at the same instant.
+func (e *Elector) jitter() time.Duration {
+	return time.Duration(rand.Int64N(int64(min(e.cfg.RetryInterval/10, 50*time.Millisecond)) + 1))
+}
+
+// observe records a lease held by someone else (or by no one).
+func (e *Elector) observe(l Lease) {
+	e.mu.Lock()
+	e.status.Leader = l.HolderID
+	e.status.Term = l.Term
+	e.status.AcquiredAt = l.AcquiredAt
+	e.status.ExpiresAt = l.ExpiresAt
+	if !l.Held() {
+		e.status.Leader = ""
+	}
+	e.mu.Unlock()
+	e.publish()
+}
+
+// renewal is the outcome of one renewal call.
+type renewal struct {
+	sent  time.Time
+	lease Lease
+	err   error
+}
+
+// lead holds the lease granted at sent until it is lost, then steps down and
+// returns why. It implements DESIGN.md invariants 1 and 5: the local deadline
+// is sent+TTL-DriftMargin on the monotonic clock, every renewal is bounded by
+// the time left before stopping, and the leader context is cancelled at the
+// stop point even if a renewal call never returns.
+func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossReason {
+	term := lease.Term
+	deadline := sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
+	stopAt := deadline.Add(-e.cfg.StopGrace)
+
+	lctx, cancelLeader := context.WithCancelCause(withTerm(ctx, term))
+	e.mu.Lock()
+	e.status.IsLeader = true
+	e.status.Leader = e.cfg.ID
+	e.status.Term = term
+	e.status.AcquiredAt = lease.AcquiredAt
+	e.status.ExpiresAt = lease.ExpiresAt
+	e.leaderCtx = lctx
+	e.mu.Unlock()
+	e.cfg.Metrics.Acquired(e.cfg.Name, term)
+	e.cfg.Metrics.StatusChanged(e.cfg.Name, true)
+	e.log.Info("elected", slog.Uint64("term", term), slog.Time("expires_at", lease.ExpiresAt))
+	e.publish()
+
+	electedDone := make(chan struct{})
+	go func() {
+		defer close(electedDone)
+		if e.cfg.OnElected != nil {
+			e.cfg.OnElected(lctx)
+		}
+	}()
+
+	var (
+		reason    LossReason
+		lastErr   error
+		handover  chan struct{} // closed once resigned and released
+		results   = make(chan renewal, 1)
+		inflight  bool
+	)
+	// Renewal calls run on their own goroutine so that the stop timer fires
+	// even if a call outlives its context; rpcs cancels any in flight.
+	rpcs, cancelRPCs := context.WithCancel(ctx)
+	defer cancelRPCs()
+	next := sent.Add(e.cfg.RenewInterval)
+	timer := time.NewTimer(time.Until(next))
+	stopTimer := time.NewTimer(time.Until(stopAt))
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			reason = LossShutdown
+			break loop
+		case handover = <-e.resignCh:
+			reason = LossResigned
+			break loop
+		case <-stopTimer.C:
+			reason = LossConnLost
+			if lastErr != nil && !errors.Is(lastErr, context.DeadlineExceeded) && !errors.Is(lastErr, ErrUnavailable) {
+				reason = LossError
+			}
+			e.log.Error("could not renew before the local deadline; stepping down",
+				slog.Uint64("term", term), slog.Any("error", lastErr))
+			break loop
+		case <-timer.C:
+			if inflight {
+				continue
+			}
+			inflight = true
+			go func(sent time.Time, stopAt time.Time) {
+				// Bounded by what is left before stopping, so the call
+				// ends before the deadline.
+				rctx, cancel := context.WithDeadline(rpcs, stopAt)
+				defer cancel()
+				l, err := e.store.Renew(rctx, e.cfg.Name, e.cand.Token, term, e.cfg.TTL)
+				results <- renewal{sent: sent, lease: l, err: err}
+			}(time.Now(), stopAt)
+		case r := <-results:
+			inflight = false
+			e.recordCall("renew", r.sent, r.err)
+			switch {
+			case r.err == nil:
+				deadline = r.sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
+				stopAt = deadline.Add(-e.cfg.StopGrace)
+				stopTimer.Reset(time.Until(stopAt))
+				next = r.sent.Add(e.cfg.RenewInterval)
+				if lastErr != nil {
+					e.log.Info("renewed again after failures", slog.Uint64("term", term))
+				}
+				lastErr = nil
+				e.mu.Lock()
+				e.status.ExpiresAt = r.lease.ExpiresAt
+				e.mu.Unlock()
+			case errors.Is(r.err, ErrLeaseLost):
+				reason = LossExpired
+				e.log.Error("lease lost: the store no longer has it held by this instance; stepping down",
+					slog.Uint64("term", term), slog.Any("error", r.err))
+				break loop
+			case errors.Is(r.err, ErrReadOnly):
+				reason = LossError
+				e.log.Error("store is read-only (for example a replica or a database in recovery); stepping down",
+					slog.Uint64("term", term), slog.Any("error", r.err))
+				break loop
+			case ctx.Err() != nil:
+				reason = LossShutdown
+				break loop
+			default:
+				lastErr = r.err
+				e.log.Warn("renewal failed; retrying", slog.Uint64("term", term), slog.Any("error", r.err),
+					slog.Duration("left_before_stepping_down", time.Until(stopAt)))
+				next = time.Now().Add(e.cfg.RetryInterval / 4)
+			}
+			timer.Reset(time.Until(next))
+		}
+	}
+	timer.Stop()
+	stopTimer.Stop()
+
+	// Step down: IsLeader turns false, then the leader context is cancelled,
+	// then OnDemoted runs, then OnElected is awaited; only then is the lease
+	// released, so work never overlaps the next leader's after a handover.
+	e.mu.Lock()
+	e.status.IsLeader = false
+	e.leaderCtx = nil
+	e.mu.Unlock()
+	cancelLeader(fmt.Errorf("%w: leadership lost (%s)", ErrNotLeader, reason))
+	e.cfg.Metrics.StatusChanged(e.cfg.Name, false)
+	e.cfg.Metrics.Lost(e.cfg.Name, reason)
+	e.log.Info("demoted", slog.Uint64("term", term), slog.String("reason", string(reason)))
+	if e.cfg.OnDemoted != nil {
+		e.cfg.OnDemoted()
+	}
+	e.awaitElected(electedDone, deadline)
+	if inflight {
+		cancelRPCs()
+		r := <-results
+		e.recordCall("renew", r.sent, r.err)
+	}
+	if time.Now().After(deadline) && reason != LossExpired {
+		e.log.Error("leader work stopped after the local deadline; another instance may have started before it ended",
+			slog.Uint64("term", term))
+	}
+
+	switch reason {
+	case LossExpired, LossError:
+		// Not ours to release, or the store refuses writes.
+		e.observe(Lease{Name: e.cfg.Name})
+	default:
+		if e.release(ctx, term) {
+			e.observe(Lease{Name: e.cfg.Name, Term: term})
+		}
+	}
+	if handover != nil {
+		close(handover)
+	}
+	return reason
+}
+
+// awaitElected waits for the OnElected goroutine, warning while it overruns.
+func (e *Elector) awaitElected(done <-chan struct{}, deadline time.Time) {
+	warn := time.NewTicker(max(e.cfg.StopGrace, 100*time.Millisecond))
+	defer warn.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-warn.C:
+			e.log.Warn("OnElected has not returned after its context was cancelled; waiting",
+				slog.Duration("past_deadline", time.Since(deadline)))
+		}
+	}
+}
+
+// release hands the lease over, best effort: if it fails the lease simply
+// runs out. It reports whether the store confirmed the release.
+func (e *Elector) release(ctx context.Context, term uint64) bool {
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewInterval)
+	defer cancel()
+	err := e.store.Release(rctx, e.cfg.Name, e.cand.Token, term)
+	e.recordCall("release", start, err)
+	if err != nil {
+		e.log.Warn("release failed; the lease will run out by itself", slog.Uint64("term", term), slog.Any("error", err))
+		return false
+	}
+	e.log.Info("released", slog.Uint64("term", term))
+	return true
+}
+
+func (e *Elector) recordCall(op string, start time.Time, err error) {
+	e.cfg.Metrics.StoreCall(e.cfg.Name, op, time.Since(start), err)
+	if err == nil {
+		e.mu.Lock()
+		e.status.LastContact = time.Now()
+		e.mu.Unlock()
+	}
+}
+
+// publish hands the current status to the OnNewLeader goroutine if the
+// observed leader changed. Only Run's goroutine calls it.
+func (e *Elector) publish() {
+	if e.cfg.OnNewLeader == nil {
+		return
+	}
+	e.mu.Lock()
+	st := e.status
+	key := leaderKey{id: st.Leader, term: st.Term}
+	if st.Leader == "" {
+		key.term = 0
+	}
+	changed := key != e.published
+	e.published = key
+	e.mu.Unlock()
+	if !changed {
+		return
+	}
+	select {
+	case <-e.pubCh: // drop the stale one; the reader gets the latest
+	default:
+	}
+	e.pubCh <- st
+}
+
+func (e *Elector) publishLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case st := <-e.pubCh:
+			e.cfg.OnNewLeader(st)
+		}
+	}
+}
+
+type termKey struct{}
+
+func withTerm(ctx context.Context, term uint64) context.Context {
+	return context.WithValue(ctx, termKey{}, term)
+}
+
+// TermFrom returns the fencing term carried by a leader context (the ctx
+// given to OnElected or to RunIfLeader's fn), and false for any other ctx.
+// The term grows with every grant of the name; guard writes downstream with it
+// (for example "UPDATE ... WHERE fencing_term <= $term") so that a deposed
+// leader's late writes are refused.
+func TermFrom(ctx context.Context) (uint64, bool) {
+	t, ok := ctx.Value(termKey{}).(uint64)
+	return t, ok
+}

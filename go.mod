@@ -1,0 +1,3 @@
+module github.com/leaderelect/leader
+
+go 1.25

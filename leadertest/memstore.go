@@ -1,0 +1,151 @@
+package leadertest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/leaderelect/leader"
+)
+
+// MemStore is an in-memory leader.Store for unit tests of code that uses an
+// Elector: many Electors in one process can campaign on one MemStore. It
+// judges expiry on the process's monotonic clock. The zero value is not
+// usable; create one with NewMemStore.
+type MemStore struct {
+	mu       sync.Mutex
+	leases   map[string]*memLease
+	watchers map[string]map[chan struct{}]struct{}
+}
+
+type memLease struct {
+	holderID   string
+	token      string
+	term       uint64
+	acquiredAt time.Time
+	expiresAt  time.Time
+}
+
+var _ leader.Store = (*MemStore)(nil)
+
+// NewMemStore returns an empty MemStore.
+func NewMemStore() *MemStore {
+	return &MemStore{
+		leases:   make(map[string]*memLease),
+		watchers: make(map[string]map[chan struct{}]struct{}),
+	}
+}
+
+func (s *MemStore) lease(name string) *memLease {
+	l, ok := s.leases[name]
+	if !ok {
+		l = &memLease{}
+		s.leases[name] = l
+	}
+	return l
+}
+
+func (l *memLease) report(name string, now time.Time) leader.Lease {
+	out := leader.Lease{Name: name, Term: l.term}
+	if l.token != "" && now.Before(l.expiresAt) {
+		out.HolderID = l.holderID
+		out.AcquiredAt = l.acquiredAt
+		out.ExpiresAt = l.expiresAt
+		out.Remaining = l.expiresAt.Sub(now)
+	}
+	return out
+}
+
+// Acquire implements leader.Store.
+func (s *MemStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return leader.Lease{}, false, fmt.Errorf("memstore: acquire %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	l := s.lease(name)
+	if l.token != "" && now.Before(l.expiresAt) && l.token != c.Token {
+		return l.report(name, now), false, nil
+	}
+	*l = memLease{holderID: c.ID, token: c.Token, term: l.term + 1, acquiredAt: now, expiresAt: now.Add(ttl)}
+	s.wakeLocked(name)
+	return l.report(name, now), true, nil
+}
+
+// Renew implements leader.Store.
+func (s *MemStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return leader.Lease{}, fmt.Errorf("memstore: renew %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	l, ok := s.leases[name]
+	if !ok || l.token != token || l.term != term || !now.Before(l.expiresAt) {
+		return leader.Lease{}, fmt.Errorf("memstore: renew %q term %d: %w", name, term, leader.ErrLeaseLost)
+	}
+	l.expiresAt = now.Add(ttl)
+	return l.report(name, now), nil
+}
+
+// Release implements leader.Store.
+func (s *MemStore) Release(ctx context.Context, name, token string, term uint64) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("memstore: release %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.leases[name]
+	if !ok || l.token != token || l.term != term {
+		return fmt.Errorf("memstore: release %q term %d: %w", name, term, leader.ErrLeaseLost)
+	}
+	*l = memLease{term: l.term}
+	s.wakeLocked(name)
+	return nil
+}
+
+// Observe implements leader.Store.
+func (s *MemStore) Observe(ctx context.Context, name string) (leader.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return leader.Lease{}, fmt.Errorf("memstore: observe %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.leases[name]
+	if !ok {
+		return leader.Lease{Name: name}, nil
+	}
+	return l.report(name, time.Now()), nil
+}
+
+// Watch implements leader.Store.
+func (s *MemStore) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("memstore: watch %q: %w", name, err)
+	}
+	ch := make(chan struct{}, 1)
+	s.mu.Lock()
+	if s.watchers[name] == nil {
+		s.watchers[name] = make(map[chan struct{}]struct{})
+	}
+	s.watchers[name][ch] = struct{}{}
+	s.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		delete(s.watchers[name], ch)
+		s.mu.Unlock()
+		close(ch)
+	})
+	return ch, nil
+}
+
+func (s *MemStore) wakeLocked(name string) {
+	for ch := range s.watchers[name] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}

@@ -1,0 +1,49 @@
+package leader
+
+import "time"
+
+// LossReason says why leadership ended. It is passed to Metrics.Lost and
+// appears in logs.
+type LossReason string
+
+// The reasons leadership can end.
+const (
+	// LossShutdown: Run's context ended; the lease was released (handover).
+	LossShutdown LossReason = "shutdown"
+	// LossResigned: Resign was called; the lease was released (handover).
+	LossResigned LossReason = "resigned"
+	// LossExpired: the store said the lease is no longer held by this
+	// instance (it ran out, or was granted to another).
+	LossExpired LossReason = "expired"
+	// LossConnLost: renewals could not reach the store until the local
+	// deadline drew near.
+	LossConnLost LossReason = "conn_lost"
+	// LossError: the store refused renewals with another error, for example
+	// because it became read-only.
+	LossError LossReason = "error"
+)
+
+// Metrics receives what an Elector does, for counters and gauges. Methods are
+// called synchronously from the Elector's goroutines and must not block. A
+// Prometheus implementation is in package leaderprom; embed NopMetrics to
+// implement only some methods.
+type Metrics interface {
+	// StatusChanged is called when this instance becomes leader (true) or
+	// stops being leader (false).
+	StatusChanged(name string, isLeader bool)
+	// Acquired is called once per grant to this instance, with its term.
+	Acquired(name string, term uint64)
+	// Lost is called once per leadership lost, with the reason.
+	Lost(name string, reason LossReason)
+	// StoreCall is called after each store call: op is "acquire", "renew",
+	// "release" or "observe"; err is the call's error, if any.
+	StoreCall(name, op string, took time.Duration, err error)
+}
+
+// NopMetrics implements Metrics and does nothing.
+type NopMetrics struct{}
+
+func (NopMetrics) StatusChanged(string, bool)                     {}
+func (NopMetrics) Acquired(string, uint64)                        {}
+func (NopMetrics) Lost(string, LossReason)                        {}
+func (NopMetrics) StoreCall(string, string, time.Duration, error) {}

@@ -1,0 +1,107 @@
+package leader
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Candidate identifies one Elector to a Store.
+//
+// ID is the human-readable name shown in status output and logs; several
+// instances may share it by mistake. Token is a random value unique to one
+// Elector (see [New]); a Store decides who holds a lease by comparing tokens,
+// never IDs, so two instances started with the same ID can never both hold or
+// renew one lease (DESIGN.md invariant 3).
+type Candidate struct {
+	ID    string
+	Token string
+}
+
+// Lease is what a Store reports about one name at the moment it answered.
+//
+// Times are read on the store's clock (for PostgreSQL, the database server's
+// clock), never on the client's. AcquiredAt and ExpiresAt are for display;
+// decisions use Remaining, which the store computes on its own clock so that
+// clients whose wall clocks disagree with the store still agree on how long the
+// lease has left.
+type Lease struct {
+	// Name is the election name.
+	Name string
+	// HolderID is the candidate ID of the holder, or "" when the lease is free
+	// (never granted, released, or expired).
+	HolderID string
+	// Term is the fencing term of the current or last grant: it grows by one at
+	// every new grant of the name and never goes back. 0 means never granted.
+	Term uint64
+	// AcquiredAt is when the current holder was granted the lease.
+	AcquiredAt time.Time
+	// ExpiresAt is when the lease runs out unless renewed.
+	ExpiresAt time.Time
+	// Remaining is ExpiresAt minus the store's "now" when it answered; zero
+	// when the lease is free.
+	Remaining time.Duration
+}
+
+// Held reports whether the lease had a holder when the store answered.
+func (l Lease) Held() bool { return l.HolderID != "" && l.Remaining > 0 }
+
+// Store is the contract between the Elector and a backend. The Elector knows
+// nothing about SQL or files; a Store knows nothing about callbacks. Every
+// implementation must pass the conformance suite in package leadertest
+// (leadertest.TestStore).
+//
+// All methods are safe for concurrent use, honour ctx (returning promptly with
+// an error wrapping ctx.Err() when it ends), and judge expiry on the store's
+// own clock. A Store may be shared by many Electors and many names.
+type Store interface {
+	// Acquire grants the lease for name to c for ttl if it is free, expired,
+	// or already held by c.Token. Every grant, including one to the current
+	// holder, is a new grant: the term grows by one. Acquire reports whether
+	// the lease was granted and, either way, the lease as it stands after the
+	// attempt (the current holder and its Remaining when not granted). Losing
+	// the race to another candidate is not an error.
+	Acquire(ctx context.Context, name string, c Candidate, ttl time.Duration) (Lease, bool, error)
+
+	// Renew extends the lease for name by ttl from the store's now, but only
+	// if it is still held, unexpired, by token under term. Otherwise it
+	// changes nothing and returns an error wrapping ErrLeaseLost. Renew never
+	// creates a lease and never takes one from another holder.
+	Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (Lease, error)
+
+	// Release frees the lease for name if it is held by token under term, and
+	// wakes the name's watchers. The term is kept, so the next grant is
+	// term+1. Releasing a lease that is not held by token under term changes
+	// nothing and returns an error wrapping ErrLeaseLost.
+	Release(ctx context.Context, name, token string, term uint64) error
+
+	// Observe reports the lease for name without changing it. A name never
+	// granted reports a zero Lease with Name set and a nil error.
+	Observe(ctx context.Context, name string) (Lease, error)
+
+	// Watch returns a channel that receives a value soon after the lease for
+	// name is released or granted, so followers can try at once instead of
+	// waiting for the expiry. Values are coalesced (a slow reader sees one
+	// value for many events) and may be spurious. The channel is closed after
+	// ctx ends. A store that cannot deliver wake-ups at the moment (for
+	// example behind a transaction-pooling proxy) keeps the channel silent;
+	// followers then rely on the expiry the store reported.
+	Watch(ctx context.Context, name string) (<-chan struct{}, error)
+}
+
+// Errors a Store returns, wrapped with detail; test them with errors.Is.
+var (
+	// ErrLeaseLost means the lease is not (or no longer) held by the caller's
+	// token and term: it expired, was released, or was granted to another.
+	ErrLeaseLost = errors.New("leader: lease not held")
+
+	// ErrReadOnly means the store accepts reads but refuses writes (for
+	// example a PostgreSQL hot standby, SQLSTATE 25006). A leader that sees it
+	// steps down at once instead of retrying until its deadline.
+	ErrReadOnly = errors.New("leader: store is read-only")
+
+	// ErrUnavailable means the store could not be reached or the connection
+	// broke during the call. The outcome of a write that fails this way is
+	// unknown.
+	ErrUnavailable = errors.New("leader: store unavailable")
+)
