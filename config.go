@@ -56,15 +56,17 @@ type Config struct {
 	// (15s); at least MinTTL (1s), at most MaxTTL (24h).
 	TTL time.Duration
 
-	// RenewInterval is how often the leader renews. Default TTL/3; more than
-	// 0 and at most TTL/3, so that at least two renewals are tried before the
-	// lease could run out.
+	// RenewInterval is how often the leader renews; a failed renewal is
+	// retried after RenewInterval/4. Default TTL/3; more than 0 and at most
+	// TTL/3, so that at least two renewals are tried before the lease could
+	// run out.
 	RenewInterval time.Duration
 
 	// RetryInterval is how long a follower waits before its next attempt
 	// when the store gave it no expiry to wait for (after an error, or when
-	// the lease was free but another candidate won it), and the delay
-	// before a leader retries a failed renewal is RetryInterval/4.
+	// the lease was free but another candidate won it), and how long an
+	// instance sits out after losing or resigning leadership before it
+	// campaigns again, so that healthy candidates get the lease first.
 	// Followers otherwise wake at the expiry the store reported, or at once
 	// when the store signals a release. Default RenewInterval; more than 0
 	// and at most TTL.
@@ -91,7 +93,8 @@ type Config struct {
 	OnElected func(ctx context.Context)
 
 	// OnDemoted is called exactly once for each leadership lost, on Run's
-	// goroutine, after the leader context has been cancelled. It should
+	// goroutine, after the leader context has been cancelled and after the
+	// OnElected call for that leadership has begun. It should
 	// block until all leader work has stopped: the Elector does not release
 	// the lease or campaign again until OnDemoted has returned and OnElected
 	// has returned. Optional.

@@ -159,7 +159,8 @@ func (e *Elector) RunIfLeader(ctx context.Context, fn func(ctx context.Context) 
 // Resign steps down now if this instance leads: the leader context is
 // cancelled, OnDemoted runs, the lease is released so another instance can
 // take over at once, and Resign returns. The Elector keeps campaigning, but
-// sits out for one RenewInterval first so that the others get the lease.
+// sits out for one RetryInterval first so that the others get the lease (as
+// it does after every loss).
 // Resign returns ErrNotLeader if this instance does not lead, and ctx.Err() if
 // ctx ends first (stepping down then still completes in the background).
 func (e *Elector) Resign(ctx context.Context) error {
@@ -226,11 +227,11 @@ func (e *Elector) Run(ctx context.Context) error {
 			e.log.Info("stopped")
 			return nil
 		}
-		reason := e.lead(ctx, lease, sent)
-		notBefore = time.Time{}
-		if reason == LossResigned {
-			notBefore = time.Now().Add(e.cfg.RenewInterval)
-		}
+		// After any loss, sit out one RetryInterval: a healthy candidate,
+		// woken by the release, gets the lease first, and an instance whose
+		// renewals fail does not win it straight back.
+		e.lead(ctx, lease, sent)
+		notBefore = time.Now().Add(e.cfg.RetryInterval)
 	}
 }
 
@@ -348,7 +349,9 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 	deadline := sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
 	stopAt := deadline.Add(-e.cfg.StopGrace)
 
-	lctx, cancelLeader := context.WithCancelCause(withTerm(ctx, term))
+	// The leader context is not a child of ctx: it is cancelled below, after
+	// IsLeader has turned false, with the reason as its cause.
+	lctx, cancelLeader := context.WithCancelCause(withTerm(context.WithoutCancel(ctx), term))
 	e.mu.Lock()
 	e.status.IsLeader = true
 	e.status.Leader = e.cfg.ID
@@ -362,20 +365,21 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 	e.log.Info("elected", slog.Uint64("term", term), slog.Time("expires_at", lease.ExpiresAt))
 	e.publish()
 
-	electedDone := make(chan struct{})
+	electedStarted, electedDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(electedDone)
+		close(electedStarted)
 		if e.cfg.OnElected != nil {
 			e.cfg.OnElected(lctx)
 		}
 	}()
 
 	var (
-		reason    LossReason
-		lastErr   error
-		handover  chan struct{} // closed once resigned and released
-		results   = make(chan renewal, 1)
-		inflight  bool
+		reason   LossReason
+		lastErr  error
+		handover chan struct{} // closed once resigned and released
+		results  = make(chan renewal, 1)
+		inflight bool
 	)
 	// Renewal calls run on their own goroutine so that the stop timer fires
 	// even if a call outlives its context; rpcs cancels any in flight.
@@ -412,11 +416,11 @@ loop:
 				rctx, cancel := context.WithDeadline(rpcs, stopAt)
 				defer cancel()
 				l, err := e.store.Renew(rctx, e.cfg.Name, e.cand.Token, term, e.cfg.TTL)
-				results <- renewal{sent: sent, lease: l, err: err}
+				e.recordCall("renew", sent, err)
+				results <- renewal{sent: sent, lease: l, err: err} // buffered: never blocks
 			}(time.Now(), stopAt)
 		case r := <-results:
 			inflight = false
-			e.recordCall("renew", r.sent, r.err)
 			switch {
 			case r.err == nil:
 				deadline = r.sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
@@ -447,7 +451,7 @@ loop:
 				lastErr = r.err
 				e.log.Warn("renewal failed; retrying", slog.Uint64("term", term), slog.Any("error", r.err),
 					slog.Duration("left_before_stepping_down", time.Until(stopAt)))
-				next = time.Now().Add(e.cfg.RetryInterval / 4)
+				next = time.Now().Add(e.cfg.RenewInterval / 4)
 			}
 			timer.Reset(time.Until(next))
 		}
@@ -466,15 +470,15 @@ loop:
 	e.cfg.Metrics.StatusChanged(e.cfg.Name, false)
 	e.cfg.Metrics.Lost(e.cfg.Name, reason)
 	e.log.Info("demoted", slog.Uint64("term", term), slog.String("reason", string(reason)))
+	<-electedStarted // OnElected is always called before OnDemoted
 	if e.cfg.OnDemoted != nil {
 		e.cfg.OnDemoted()
 	}
 	e.awaitElected(electedDone, deadline)
-	if inflight {
-		cancelRPCs()
-		r := <-results
-		e.recordCall("renew", r.sent, r.err)
-	}
+	// A renewal still in flight is cancelled and left to finish on its own
+	// goroutine: a store call that ignores its context must not keep the
+	// Elector from campaigning again.
+	cancelRPCs()
 	if time.Now().After(deadline) && reason != LossExpired {
 		e.log.Error("leader work stopped after the local deadline; another instance may have started before it ended",
 			slog.Uint64("term", term))

@@ -1,0 +1,273 @@
+package leader_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/leadertest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// history records who believed it led, in order, across electors, and
+// checks DESIGN.md invariant 1 (at most one leader) and 2 (terms grow).
+type history struct {
+	mu     sync.Mutex
+	events []event
+	open   map[string]uint64 // instance -> term while leading
+}
+
+type event struct {
+	at       time.Time
+	instance string
+	elected  bool // false: demoted
+	term     uint64
+}
+
+func newHistory() *history { return &history{open: make(map[string]uint64)} }
+
+// hooks returns OnElected/OnDemoted callbacks that record instance's
+// leadership and fail t if two instances overlap.
+func (h *history) hooks(t *testing.T, instance string) (func(context.Context), func()) {
+	elected := func(ctx context.Context) {
+		term, ok := leader.TermFrom(ctx)
+		if !ok {
+			t.Errorf("%s: OnElected context carries no term", instance)
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for other, ot := range h.open {
+			t.Errorf("%s elected (term %d) while %s still leads (term %d)", instance, term, other, ot)
+		}
+		if n := len(h.events); n > 0 {
+			for i := n - 1; i >= 0; i-- {
+				if e := h.events[i]; e.elected && e.term >= term {
+					t.Errorf("%s elected with term %d after %s had term %d", instance, term, e.instance, e.term)
+					break
+				}
+			}
+		}
+		h.open[instance] = term
+		h.events = append(h.events, event{at: time.Now(), instance: instance, elected: true, term: term})
+	}
+	demoted := func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		term, ok := h.open[instance]
+		if !ok {
+			t.Errorf("%s: OnDemoted called while not leading", instance)
+		}
+		delete(h.open, instance)
+		h.events = append(h.events, event{at: time.Now(), instance: instance, term: term})
+	}
+	return elected, demoted
+}
+
+// elections returns the elected events so far.
+func (h *history) elections() []event {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []event
+	for _, e := range h.events {
+		if e.elected {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// find returns the first event after index from matching f.
+func (h *history) find(f func(event) bool) (event, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, e := range h.events {
+		if f(e) {
+			return e, true
+		}
+	}
+	return event{}, false
+}
+
+// runElector runs e until the test ends (or until the returned stop is
+// called), and fails the test if Run returns an error.
+func runElector(t *testing.T, e *leader.Elector) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := e.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// leaders returns the electors that believe they lead.
+func leaders(es []*leader.Elector) []*leader.Elector {
+	var out []*leader.Elector
+	for _, e := range es {
+		if e.IsLeader() {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// faultStore wraps a Store to inject faults into one elector's view of it.
+type faultStore struct {
+	leader.Store
+
+	mu           sync.Mutex
+	partitioned  bool          // every call fails with ErrUnavailable
+	hangRenew    bool          // Renew blocks until its ctx ends
+	stuckRenew   chan struct{} // non-nil: Renew blocks until closed, ignoring ctx
+	renewErr     error         // Renew fails with this
+	acquireDelay time.Duration // granted Acquire answers this late
+	calls        map[string]int
+	grants       []time.Time // when the inner store granted, as seen here
+}
+
+func newFaultStore(inner leader.Store) *faultStore {
+	return &faultStore{Store: inner, calls: make(map[string]int)}
+}
+
+func (f *faultStore) set(fn func(f *faultStore)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+func (f *faultStore) count(op string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[op]
+}
+
+func (f *faultStore) enter(op string) (partitioned bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls[op]++
+	return f.partitioned
+}
+
+func (f *faultStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	if f.enter("acquire") {
+		return leader.Lease{}, false, fmt.Errorf("fault: %w", leader.ErrUnavailable)
+	}
+	l, ok, err := f.Store.Acquire(ctx, name, c, ttl)
+	if ok {
+		f.mu.Lock()
+		f.grants = append(f.grants, time.Now())
+		delay := f.acquireDelay
+		f.mu.Unlock()
+		time.Sleep(delay)
+	}
+	return l, ok, err
+}
+
+func (f *faultStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
+	if f.enter("renew") {
+		return leader.Lease{}, fmt.Errorf("fault: %w", leader.ErrUnavailable)
+	}
+	f.mu.Lock()
+	hang, stuck, renewErr := f.hangRenew, f.stuckRenew, f.renewErr
+	f.mu.Unlock()
+	switch {
+	case stuck != nil:
+		<-stuck
+		return leader.Lease{}, fmt.Errorf("fault: stuck renewal: %w", leader.ErrUnavailable)
+	case hang:
+		<-ctx.Done()
+		return leader.Lease{}, fmt.Errorf("fault: hung renewal: %w", ctx.Err())
+	case renewErr != nil:
+		return leader.Lease{}, renewErr
+	}
+	return f.Store.Renew(ctx, name, token, term, ttl)
+}
+
+func (f *faultStore) Release(ctx context.Context, name, token string, term uint64) error {
+	if f.enter("release") {
+		return fmt.Errorf("fault: %w", leader.ErrUnavailable)
+	}
+	return f.Store.Release(ctx, name, token, term)
+}
+
+// recordingMetrics records what an Elector reports.
+type recordingMetrics struct {
+	leader.NopMetrics
+	mu       sync.Mutex
+	acquired []uint64
+	lost     []leader.LossReason
+	statuses []bool
+}
+
+func (m *recordingMetrics) Acquired(_ string, term uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.acquired = append(m.acquired, term)
+}
+
+func (m *recordingMetrics) Lost(_ string, r leader.LossReason) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lost = append(m.lost, r)
+}
+
+func (m *recordingMetrics) StatusChanged(_ string, isLeader bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.statuses = append(m.statuses, isLeader)
+}
+
+func (m *recordingMetrics) losses() []leader.LossReason {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]leader.LossReason(nil), m.lost...)
+}
+
+// testConfig is a fast Config for tests: TTL 1s, so renewals every 333ms.
+func testConfig(name, id string) leader.Config {
+	return leader.Config{Name: name, ID: id, TTL: time.Second, Logger: testLogger()}
+}
+
+var _ = leadertest.NewMemStore
+
+func testLogger() *slog.Logger {
+	if os.Getenv("LEADER_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return quiet
+}
