@@ -46,6 +46,12 @@ func (s *MemStore) lease(name string) *memLease {
 	return l
 }
 
+// heldBy reports whether l is held, unexpired at now, by token under term.
+// A freed lease has no token, so an empty token never matches it.
+func (l *memLease) heldBy(token string, term uint64, now time.Time) bool {
+	return l.token != "" && l.token == token && l.term == term && now.Before(l.expiresAt)
+}
+
 func (l *memLease) report(name string, now time.Time) leader.Lease {
 	out := leader.Lease{Name: name, Term: l.term}
 	if l.token != "" && now.Before(l.expiresAt) {
@@ -83,7 +89,7 @@ func (s *MemStore) Renew(ctx context.Context, name, token string, term uint64, t
 	defer s.mu.Unlock()
 	now := time.Now()
 	l, ok := s.leases[name]
-	if !ok || l.token != token || l.term != term || !now.Before(l.expiresAt) {
+	if !ok || !l.heldBy(token, term, now) {
 		return leader.Lease{}, fmt.Errorf("memstore: renew %q term %d: %w", name, term, leader.ErrLeaseLost)
 	}
 	l.expiresAt = now.Add(ttl)
@@ -98,7 +104,7 @@ func (s *MemStore) Release(ctx context.Context, name, token string, term uint64)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l, ok := s.leases[name]
-	if !ok || l.token != token || l.term != term {
+	if !ok || !l.heldBy(token, term, time.Now()) {
 		return fmt.Errorf("memstore: release %q term %d: %w", name, term, leader.ErrLeaseLost)
 	}
 	*l = memLease{term: l.term}
