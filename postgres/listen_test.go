@@ -1,0 +1,247 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leaderelect/leader/internal/pgtest"
+)
+
+const wakeTimeout = 10 * time.Second
+
+// waitListening waits until the store's listener has (re)started LISTENing
+// and returns its backend PID.
+func waitListening(t *testing.T, b testBundle) uint32 {
+	t.Helper()
+	select {
+	case pid := <-b.listening:
+		return pid
+	case <-time.After(30 * time.Second):
+		t.Fatal("the listener did not LISTEN within 30s")
+		return 0
+	}
+}
+
+func waitWake(t *testing.T, ch <-chan struct{}, when string) {
+	t.Helper()
+	select {
+	case _, open := <-ch:
+		if !open {
+			t.Fatalf("watch channel closed %s", when)
+		}
+	case <-time.After(wakeTimeout):
+		t.Fatalf("no wake-up within %v %s", wakeTimeout, when)
+	}
+}
+
+func drain(ch <-chan struct{}) {
+	select {
+	case <-ch:
+	default:
+	}
+}
+
+func TestReleaseWakesWatcher(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.store
+	alice := candidate("alice")
+	ch, err := s.Watch(t.Context(), "wake")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitListening(t, b)
+	waitWake(t, ch, "once listening (missed events are covered by one wake-up)")
+
+	const rounds = 30
+	latencies := make([]time.Duration, 0, rounds)
+	for range rounds {
+		l := mustGrant(t, s, "wake", alice, time.Minute)
+		waitWake(t, ch, "after a grant")
+		drain(ch)
+		start := time.Now()
+		mustRelease(t, s, "wake", alice, l.Term)
+		waitWake(t, ch, "after a release")
+		latencies = append(latencies, time.Since(start))
+	}
+	slices.Sort(latencies)
+	t.Logf("release call to wake-up over %d releases: min %v, median %v, p90 %v, max %v",
+		rounds, latencies[0], latencies[rounds/2], latencies[rounds*9/10], latencies[rounds-1])
+}
+
+func TestWatchersOfOtherStoresWake(t *testing.T) {
+	t.Parallel()
+	// Two stores (two processes, say) on one table: a release by one wakes
+	// the other's watchers.
+	pool := pgtest.NewPool(t)
+	follower := setupOn(t, pool, Options{})
+	holder := setupOn(t, pool, Options{})
+	alice := candidate("alice")
+	ch, err := follower.store.Watch(t.Context(), "shared")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitListening(t, follower)
+	drain(ch)
+	l := mustGrant(t, holder.store, "shared", alice, time.Minute)
+	waitWake(t, ch, "after another store's grant")
+	drain(ch)
+	mustRelease(t, holder.store, "shared", alice, l.Term)
+	waitWake(t, ch, "after another store's release")
+}
+
+func TestWatchSurvivesListenerReconnect(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.store
+	alice := candidate("alice")
+	ch, err := s.Watch(t.Context(), "reconnect")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := waitListening(t, b)
+
+	for i := range 3 {
+		drain(ch)
+		var terminated bool
+		err := pgtest.Shared(t).Admin(t).QueryRow(callCtx(t), "SELECT pg_terminate_backend($1)", int32(pid)).Scan(&terminated)
+		if err != nil || !terminated {
+			t.Fatalf("terminating the listener's backend %d: %v, %v", pid, terminated, err)
+		}
+		newPID := waitListening(t, b)
+		if newPID == pid {
+			t.Fatalf("the listener reports the terminated backend %d again", pid)
+		}
+		pid = newPID
+		// Reconnecting wakes every watcher, as events may have been missed.
+		waitWake(t, ch, "after the listener reconnected")
+
+		l := mustGrant(t, s, "reconnect", alice, time.Minute)
+		waitWake(t, ch, "after a grant")
+		drain(ch)
+		mustRelease(t, s, "reconnect", alice, l.Term)
+		waitWake(t, ch, fmt.Sprintf("after a release following reconnect %d", i+1))
+	}
+}
+
+func TestLongNameWakesEveryWatcher(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.store
+	long := strings.Repeat("n", 9000) // over NOTIFY's payload limit
+	alice := candidate("alice")
+	ch, err := s.Watch(t.Context(), long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitListening(t, b)
+	drain(ch)
+	l := mustGrant(t, s, long, alice, time.Minute)
+	waitWake(t, ch, "after a grant of a long name")
+	drain(ch)
+	mustRelease(t, s, long, alice, l.Term)
+	waitWake(t, ch, "after a release of a long name")
+}
+
+func TestWatchChannelLifetime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.store
+
+	t.Run("the channel is closed after its context ends", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		ch, err := s.Watch(ctx, "n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		deadline := time.After(wakeTimeout)
+		for {
+			select {
+			case _, open := <-ch:
+				if !open {
+					s.mu.Lock()
+					left := len(s.watchers["n"])
+					s.mu.Unlock()
+					if left != 0 {
+						t.Fatalf("%d watchers of n still registered", left)
+					}
+					return
+				}
+			case <-deadline:
+				t.Fatal("channel not closed after its context ended")
+			}
+		}
+	})
+
+	t.Run("watching with an ended context fails", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		if _, err := s.Watch(ctx, "n"); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Watch with a cancelled context: %v", err)
+		}
+	})
+
+	t.Run("after Close, Watch fails and the listener has stopped", func(t *testing.T) {
+		pid := waitListening(t, b)
+		s.Close()
+		s.Close() // twice is fine
+		if _, err := s.Watch(t.Context(), "n"); !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), `watch "n"`) {
+			t.Fatalf("Watch after Close: %v", err)
+		}
+		// Close waited for the listener, which closed its connection; the
+		// server notices shortly after.
+		admin := pgtest.Shared(t).Admin(t)
+		deadline := time.Now().Add(wakeTimeout)
+		for {
+			var alive bool
+			if err := admin.QueryRow(callCtx(t), "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)", int32(pid)).Scan(&alive); err != nil {
+				t.Fatal(err)
+			}
+			if !alive {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("listener backend %d still connected after Close", pid)
+			}
+			time.Sleep(10 * time.Millisecond) // poll interval
+		}
+		// The other methods keep working on the pool.
+		if _, err := s.Observe(callCtx(t), "n"); err != nil {
+			t.Fatalf("Observe after Close: %v", err)
+		}
+	})
+}
+
+func TestListenerChecksAQuietConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := b.store
+	s.pingEvery = 5 * time.Millisecond // many pings between notifications
+	alice := candidate("alice")
+	ch, err := s.Watch(t.Context(), "quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := waitListening(t, b)
+	drain(ch)
+	for range 5 {
+		// Let several waits time out and pings pass before the next event.
+		time.Sleep(30 * time.Millisecond) // quiet time is the point of this test
+		l := mustGrant(t, s, "quiet", alice, time.Minute)
+		waitWake(t, ch, "after a grant on a connection that was pinged")
+		drain(ch)
+		mustRelease(t, s, "quiet", alice, l.Term)
+		waitWake(t, ch, "after a release on a connection that was pinged")
+	}
+	select {
+	case again := <-b.listening:
+		t.Fatalf("the listener reconnected (backend %d, then %d); pings must not break it", pid, again)
+	default:
+	}
+}

@@ -1,0 +1,95 @@
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/binary"
+	"fmt"
+	"io/fs"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// migrations holds the schema, one file per change, applied in name order.
+// Every statement in them is idempotent (IF NOT EXISTS and the like).
+//
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// migrateLockKey is the pg_advisory_xact_lock key that serializes Migrate
+// calls on one database: the first 8 bytes of the SHA-256 of a string that
+// names this function, so that it is unlikely to meet another program's key.
+var migrateLockKey = func() int64 {
+	sum := sha256.Sum256([]byte("github.com/leaderelect/leader/postgres.Migrate"))
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}()
+
+// Migrate creates the lease table described by opts (and its schema, if
+// missing), or does nothing if it exists. It is safe to run every time a
+// program starts, from many processes at once: it runs in one transaction
+// that first takes a transaction-scoped advisory lock, so concurrent calls
+// wait for each other instead of racing on the catalog. It needs the
+// privilege to create the schema (if missing) and tables in it.
+//
+// It returns an *OptionsError if opts break a rule, and an error wrapping
+// leader.ErrReadOnly on a read-only server.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
+	if pool == nil {
+		return fmt.Errorf("postgres: migrate: pool is nil")
+	}
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return err
+	}
+	script, err := migrationScript(opts)
+	if err != nil {
+		return fmt.Errorf("postgres: migrate: %w", err)
+	}
+	what := fmt.Sprintf("migrate %s", opts.qualifiedTable())
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
+			return fmt.Errorf("taking the migration lock: %w", err)
+		}
+		// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the
+		// database even when the schema exists, so ask first.
+		var exists bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", opts.Schema).Scan(&exists); err != nil {
+			return fmt.Errorf("looking for schema %q: %w", opts.Schema, err)
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{opts.Schema}.Sanitize()); err != nil {
+				return fmt.Errorf("creating schema %q: %w", opts.Schema, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, script); err != nil {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return wrapError(ctx, what, err)
+	}
+	return nil
+}
+
+// migrationScript returns every migration, in order, with the table name
+// filled in.
+func migrationScript(opts Options) (string, error) {
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, name := range names { // fs.Glob returns names in lexical order
+		sql, err := migrations.ReadFile(name)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(strings.ReplaceAll(string(sql), "{{table}}", opts.qualifiedTable()))
+		b.WriteString("\n")
+	}
+	return b.String(), nil
+}

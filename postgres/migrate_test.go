@@ -1,0 +1,101 @@
+package postgres
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leaderelect/leader/internal/pgtest"
+)
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // migrated once
+	alice := candidate("alice")
+	l := mustGrant(t, b.store, "kept", alice, time.Minute)
+	for range 2 {
+		if err := Migrate(callCtx(t), b.pool, Options{}); err != nil {
+			t.Fatalf("Migrate again: %v", err)
+		}
+	}
+	o, err := b.store.Observe(callCtx(t), "kept")
+	if err != nil || o.HolderID != "alice" || o.Term != l.Term {
+		t.Fatalf("lease after migrating again: %+v, %v", o, err)
+	}
+}
+
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	opts := Options{Schema: "fresh_schema"} // created by the migrations racing here
+	const migrators = 8
+	errs := make([]error, migrators)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range migrators {
+		wg.Go(func() {
+			<-start
+			errs[i] = Migrate(callCtx(t), pool, opts)
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("migrator %d: %v", i, err)
+		}
+	}
+	s, err := NewLeaseStore(pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mustGrant(t, s, "n", candidate("a"), time.Minute)
+}
+
+func TestMigrateQuotesOddSchemaAndTableNames(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	opts := Options{
+		Schema: `Leader "Odd"; DROP SCHEMA public; --`,
+		Table:  `leases.v2 "x"'y`,
+	}
+	b := setupOn(t, pool, opts) // migrates
+	if err := Migrate(callCtx(t), pool, opts); err != nil {
+		t.Fatalf("Migrate again: %v", err)
+	}
+	var found, publicExists bool
+	err := pool.QueryRow(callCtx(t), `SELECT
+		EXISTS (SELECT FROM pg_tables WHERE schemaname = $1 AND tablename = $2),
+		EXISTS (SELECT FROM pg_namespace WHERE nspname = 'public')`, opts.Schema, opts.Table).Scan(&found, &publicExists)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !found || !publicExists {
+		t.Fatalf("table found %v, public schema still there %v", found, publicExists)
+	}
+	if got := b.store.Options().Channel; got != opts.Schema+"."+opts.Table {
+		t.Fatalf("default channel %q", got)
+	}
+
+	// The store works on that table, wake-ups included.
+	s := b.store
+	alice := candidate("alice")
+	ch, err := s.Watch(t.Context(), "n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitListening(t, b)
+	drain(ch)
+	l := mustGrant(t, s, "n", alice, time.Minute)
+	waitWake(t, ch, "after a grant")
+	if _, err := s.Renew(callCtx(t), "n", alice.Token, l.Term, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	drain(ch)
+	mustRelease(t, s, "n", alice, l.Term)
+	waitWake(t, ch, "after a release")
+	if o, err := s.Observe(callCtx(t), "n"); err != nil || o.Term != l.Term || o.Held() {
+		t.Fatalf("Observe after release: %+v, %v", o, err)
+	}
+}

@@ -1,0 +1,480 @@
+// Package postgres is the PostgreSQL lease store: a [leader.Store] kept in
+// one table, for Electors on many hosts that share a database.
+//
+// # The table
+//
+// [Migrate] creates the table (by default public.leader_leases) with one row
+// per election name:
+//
+//	name          the election name (primary key)
+//	term          the fencing term of the current or last grant
+//	holder_token  the holder's random per-instance token; NULL while free
+//	holder_id     the holder's candidate ID, for display; '' while free
+//	acquired_at   when the current holder was granted the lease
+//	renewed_at    when the current holder last renewed it
+//	expires_at    when the lease runs out unless renewed; NULL while free
+//
+// Rows are never deleted. A release clears the holder but keeps the term, so
+// the next grant is term+1 and terms never go back (DESIGN.md invariant 2).
+// The store compares tokens, never candidate IDs (invariant 3).
+//
+// # One statement per operation
+//
+// Acquire, Renew and Release are each one SQL statement, run outside any
+// explicit transaction, so each is atomic on its own: the row lock taken by
+// the statement orders concurrent calls for one name, and every decision is
+// made on the row as it stands once locked (PostgreSQL re-reads a row
+// changed by a transaction that committed while the statement waited for its
+// lock). Acquire inserts the row or updates it only where it is free,
+// expired or already held by the caller's token; when it grants nothing it
+// reports the row as it stands, locked, so a follower learns the holder and
+// how long the lease has left (only the losers of a race for a name's very
+// first grant cannot see the winner's new row from their statement; they read
+// it with a second one). Renew updates only an unexpired row held by
+// the token under the term, and never inserts. Release clears only such a
+// row and calls pg_notify in the same statement, so the wake-up is sent
+// exactly when the release commits. A new grant sends one too.
+//
+// # The clock
+//
+// Every time is read with clock_timestamp() on the database server, at the
+// moment the statement decides; no client's clock is ever sent or compared.
+// A lease granted or renewed for ttl expires at the server's now+ttl, and the
+// server's now is no earlier than the moment the caller sent the request, so
+// the Elector's local deadline (sent + TTL - DriftMargin on its monotonic
+// clock) always falls inside the lease the server granted (DESIGN.md
+// invariant 1). Remaining is computed on the server too, as expires_at minus
+// clock_timestamp(), so that followers whose wall clocks are wrong still
+// sleep exactly until the expiry. TTLs are sent as intervals rounded up to
+// the server's microsecond precision.
+//
+// # Wake-ups
+//
+// [LeaseStore.Watch] is served by one dedicated connection per LeaseStore,
+// opened from the pool's configuration (it is not taken from the pool),
+// that LISTENs on Options.Channel; the notifications' payload is the
+// election name. If that connection breaks it is opened again with backoff,
+// and every watcher is then woken once, since it may have missed a
+// notification meanwhile. Where LISTEN cannot work (a server that refuses it,
+// or a transaction-pooling proxy in front of the server, where it is
+// accepted but never delivers), the watchers stay silent and followers fall
+// back to waking at the expiry that Acquire reported.
+//
+// # Errors
+//
+// Every error names the operation and the election name, and wraps
+// [leader.ErrLeaseLost] when the caller does not hold the lease,
+// [leader.ErrReadOnly] when the server refuses writes (SQLSTATE 25006, a hot
+// standby or default_transaction_read_only), [leader.ErrUnavailable] when
+// the server cannot be reached or the connection broke, and the context's
+// error when ctx ended. Passwords never appear in them.
+//
+// A call cut short by its context closes its connection, but a statement
+// that was waiting for a row lock may still run on the server once the lock
+// is released: as for any write that fails with ErrUnavailable, its outcome
+// is unknown. Set the pool's ConnConfig.BuildContextWatcherHandler to a
+// pgconn.CancelRequestContextWatcherHandler to have such statements
+// cancelled on the server as well.
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leaderelect/leader"
+)
+
+// Default option values.
+const (
+	// DefaultSchema is the schema used when Options.Schema is empty.
+	DefaultSchema = "public"
+	// DefaultTable is the table used when Options.Table is empty.
+	DefaultTable = "leader_leases"
+)
+
+// maxIdentifierLength is PostgreSQL's NAMEDATALEN-1. Longer identifiers are
+// silently truncated, so two different configured names could end up naming
+// one table; they are refused instead.
+const maxIdentifierLength = 63
+
+// maxPayloadLength bounds a NOTIFY payload (PostgreSQL refuses 8000 bytes
+// or more). A longer election name is sent as an empty payload, which wakes
+// every watcher of the store.
+const maxPayloadLength = 7999
+
+// Options configures a LeaseStore and Migrate. The zero value is valid and
+// uses the defaults. A LeaseStore must use the same Schema and Table as the
+// Migrate call that created its table, and every LeaseStore sharing a table
+// must use the same Channel.
+type Options struct {
+	// Schema is the schema of the lease table. Default DefaultSchema
+	// ("public"). Migrate creates it if it does not exist. At most 63
+	// bytes; any characters (it is always quoted).
+	Schema string
+
+	// Table is the name of the lease table. Default DefaultTable
+	// ("leader_leases"). At most 63 bytes; any characters (it is always
+	// quoted).
+	Table string
+
+	// Channel is the LISTEN/NOTIFY channel for wake-ups. Default
+	// "<schema>.<table>" (for example "public.leader_leases"), or, when that
+	// is longer than 63 bytes, "leader_" followed by 16 hex digits of its
+	// SHA-256. At most 63 bytes.
+	Channel string
+
+	// Logger receives the wake-up listener's connection problems (a
+	// warning when the connection is lost, debug on each failed retry, info
+	// when it is back). Default: discard.
+	Logger *slog.Logger
+}
+
+// OptionsError reports an Options field that breaks a rule. NewLeaseStore
+// and Migrate return it before touching the database.
+type OptionsError struct {
+	Field string // the Options field, for example "Table"
+	Rule  string // the rule broken, for example "must be at most 63 bytes"
+	Value string // the value given
+}
+
+func (e *OptionsError) Error() string {
+	return fmt.Sprintf("postgres: invalid Options.%s %q: %s", e.Field, e.Value, e.Rule)
+}
+
+// withDefaults returns o with every zero field set to its default.
+func (o Options) withDefaults() Options {
+	if o.Schema == "" {
+		o.Schema = DefaultSchema
+	}
+	if o.Table == "" {
+		o.Table = DefaultTable
+	}
+	if o.Channel == "" {
+		o.Channel = defaultChannel(o.Schema, o.Table)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+func defaultChannel(schema, table string) string {
+	ch := schema + "." + table
+	if len(ch) <= maxIdentifierLength {
+		return ch
+	}
+	sum := sha256.Sum256([]byte(ch))
+	return "leader_" + hex.EncodeToString(sum[:8])
+}
+
+// validate checks o, which has its defaults filled in.
+func (o Options) validate() error {
+	for _, f := range []struct{ field, value string }{
+		{"Schema", o.Schema},
+		{"Table", o.Table},
+		{"Channel", o.Channel},
+	} {
+		switch {
+		case len(f.value) > maxIdentifierLength:
+			return &OptionsError{Field: f.field, Value: f.value,
+				Rule: fmt.Sprintf("must be at most %d bytes (PostgreSQL truncates longer names), is %d", maxIdentifierLength, len(f.value))}
+		case strings.ContainsRune(f.value, 0):
+			return &OptionsError{Field: f.field, Value: f.value, Rule: "must not contain a NUL byte"}
+		}
+	}
+	return nil
+}
+
+// qualifiedTable returns the quoted, schema-qualified table name.
+func (o Options) qualifiedTable() string {
+	return pgx.Identifier{o.Schema, o.Table}.Sanitize()
+}
+
+// LeaseStore is a leader.Store on a PostgreSQL lease table (see the package
+// documentation). It is safe for concurrent use by many Electors and many
+// names. Create it with NewLeaseStore after Migrate, and Close it when done.
+type LeaseStore struct {
+	pool         *pgxpool.Pool
+	opts         Options
+	log          *slog.Logger
+	listenConfig *pgx.ConnConfig
+	sql          statements
+
+	mu       sync.Mutex
+	watchers map[string]map[chan struct{}]struct{}
+	closed   bool
+	stop     context.CancelFunc // stops the listener; nil until the first Watch
+	stopped  chan struct{}      // closed when the listener has returned
+
+	// pingEvery is listenPingEvery; tests shorten it.
+	pingEvery time.Duration
+	// onListen, set only by tests, is called with the listener's backend
+	// PID each time LISTEN succeeds, after the watchers were woken.
+	onListen func(pid uint32)
+}
+
+var _ leader.Store = (*LeaseStore)(nil)
+
+// NewLeaseStore returns a LeaseStore on the lease table that Migrate created
+// with the same opts, or an *OptionsError if opts break a rule. It does not
+// touch the database. The pool stays the caller's: Close does not close it.
+func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
+	if pool == nil {
+		return nil, errors.New("postgres: NewLeaseStore: pool is nil")
+	}
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	return &LeaseStore{
+		pool:         pool,
+		opts:         opts,
+		log:          opts.Logger.With(slog.String("channel", opts.Channel)),
+		listenConfig: pool.Config().ConnConfig,
+		sql:          newStatements(opts.qualifiedTable()),
+		watchers:     make(map[string]map[chan struct{}]struct{}),
+		pingEvery:    listenPingEvery,
+	}, nil
+}
+
+// Options returns the store's options with their defaults filled in.
+func (s *LeaseStore) Options() Options { return s.opts }
+
+// statements are the store's SQL, with the table name filled in.
+type statements struct {
+	acquire, renew, release, observe string
+}
+
+// held is the SQL condition for a row of l that has a holder at c.now.
+const held = `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`
+
+// payload is the SQL expression for the NOTIFY payload of row name.
+var payload = fmt.Sprintf(`CASE WHEN octet_length(name) <= %d THEN name ELSE '' END`, maxPayloadLength)
+
+func newStatements(table string) statements {
+	return statements{
+		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel.
+		//
+		// "granted" inserts the row or takes it over where it is free,
+		// expired or held by the same token; ON CONFLICT locks the row
+		// and judges it as it stands after any concurrent transaction
+		// committed. "notified" sends the wake-up for a grant. When nothing
+		// was granted, "existing" reports the row, locked FOR UPDATE so that
+		// it too is the row as it stands and not as it was when the
+		// statement began. ("existing" is read only in that case: the
+		// second branch runs only if "granted" is empty.)
+		acquire: fmt.Sprintf(`
+WITH granted AS (
+	INSERT INTO %[1]s AS l (name, term, holder_token, holder_id, acquired_at, renewed_at, expires_at)
+	SELECT $1, 1, $2, $3, c.now, c.now, c.now + $4::interval
+	FROM clock_timestamp() AS c(now)
+	ON CONFLICT (name) DO UPDATE
+	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at) = (
+		SELECT l.term + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval
+		FROM clock_timestamp() AS c(now)
+	)
+	WHERE l.holder_token IS NULL
+		OR l.holder_token = excluded.holder_token
+		OR l.expires_at <= clock_timestamp()
+	RETURNING l.name, l.term, l.holder_id, l.acquired_at, l.expires_at
+), notified AS (
+	SELECT pg_notify($5, %[2]s) FROM granted
+), existing AS (
+	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, l.expires_at
+	FROM %[1]s AS l
+	WHERE l.name = $1
+	FOR UPDATE
+)
+SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
+	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified)
+FROM granted AS g
+UNION ALL
+SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, l.expires_at,
+	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0
+FROM existing AS l, clock_timestamp() AS c(now)
+WHERE NOT EXISTS (SELECT FROM granted)`, table, payload, held),
+
+		// Renew: $1 name, $2 token, $3 term, $4 ttl. Only an unexpired
+		// lease held by the token under the term; never inserts.
+		renew: fmt.Sprintf(`
+UPDATE %[1]s AS l
+SET (renewed_at, expires_at) = (
+	SELECT c.now, c.now + $4::interval FROM clock_timestamp() AS c(now)
+)
+WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
+	AND l.expires_at > clock_timestamp()
+RETURNING l.holder_id, l.acquired_at, l.expires_at, l.expires_at - clock_timestamp()`, table),
+
+		// Release: $1 name, $2 token, $3 term, $4 channel. Frees an
+		// unexpired lease held by the token under the term, keeping the
+		// term, and sends the wake-up in the same statement (it is
+		// delivered when the statement commits). Returns 1 if released.
+		release: fmt.Sprintf(`
+WITH released AS (
+	UPDATE %[1]s AS l
+	SET holder_token = NULL, holder_id = '', acquired_at = NULL, renewed_at = NULL, expires_at = NULL
+	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
+		AND l.expires_at > clock_timestamp()
+	RETURNING l.name
+), notified AS (
+	SELECT pg_notify($4, %[2]s) FROM released
+)
+SELECT count(*) FROM notified`, table, payload),
+
+		// Observe: $1 name.
+		observe: fmt.Sprintf(`
+SELECT l.term, %[2]s, l.holder_id, l.acquired_at, l.expires_at,
+	CASE WHEN %[2]s THEN l.expires_at - c.now ELSE interval '0' END
+FROM %[1]s AS l, clock_timestamp() AS c(now)
+WHERE l.name = $1`, table, held),
+	}
+}
+
+// leaseRow is a lease as the statements return it.
+type leaseRow struct {
+	term       int64
+	held       bool
+	holderID   string
+	acquiredAt *time.Time
+	expiresAt  *time.Time
+	remaining  time.Duration
+}
+
+// lease reports r like leader.Lease: a lease without a holder has only its
+// name and term.
+func (r leaseRow) lease(name string) leader.Lease {
+	l := leader.Lease{Name: name, Term: uint64(r.term)}
+	if r.held && r.remaining > 0 && r.acquiredAt != nil && r.expiresAt != nil {
+		l.HolderID = r.holderID
+		l.AcquiredAt = *r.acquiredAt
+		l.ExpiresAt = *r.expiresAt
+		l.Remaining = r.remaining
+	}
+	return l
+}
+
+// interval returns ttl rounded up to the server's microsecond precision, so
+// that the server never grants less than was asked.
+func interval(ttl time.Duration) time.Duration {
+	d := ttl.Truncate(time.Microsecond)
+	if d < ttl && d <= math.MaxInt64-time.Microsecond {
+		d += time.Microsecond
+	}
+	return d
+}
+
+// checkTTL refuses a ttl that would grant a lease already expired.
+func checkTTL(op, name string, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("postgres: %s %q: ttl must be positive, is %v", op, name, ttl)
+	}
+	return nil
+}
+
+// Acquire implements leader.Store. It grants the lease if it is free,
+// expired, or held by c.Token, in one statement (see the package
+// documentation), and sends a wake-up for a grant. When it grants nothing it
+// reports the holder and Remaining as computed on the server's clock.
+func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	const op = "acquire"
+	if err := checkTTL(op, name, ttl); err != nil {
+		return leader.Lease{}, false, err
+	}
+	var (
+		r        leaseRow
+		granted  bool
+		notified int64
+	)
+	err := s.pool.QueryRow(ctx, s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel).
+		Scan(&granted, &r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining, &notified)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Not granted, and the row that refused us was committed after
+		// the statement began, so the statement's snapshot cannot show
+		// it (this happens only to the losers of a race for a name's very
+		// first grant). A new statement can.
+		l, err := s.observe(ctx, op, name)
+		return l, false, err
+	}
+	if err != nil {
+		return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
+	}
+	l := r.lease(name)
+	if granted {
+		l.Remaining = min(l.Remaining, ttl)
+	}
+	return l, granted, nil
+}
+
+// Renew implements leader.Store. It extends the lease by ttl from the
+// server's now, in one statement, only if it is unexpired and held by token
+// under term; otherwise it returns an error wrapping leader.ErrLeaseLost.
+func (s *LeaseStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
+	const op = "renew"
+	if err := checkTTL(op, name, ttl); err != nil {
+		return leader.Lease{}, err
+	}
+	if term > math.MaxInt64 {
+		return leader.Lease{}, fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+	}
+	r := leaseRow{term: int64(term), held: true}
+	err := s.pool.QueryRow(ctx, s.sql.renew, name, token, int64(term), interval(ttl)).
+		Scan(&r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return leader.Lease{}, fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+	}
+	if err != nil {
+		return leader.Lease{}, wrapError(ctx, call(op, name), err)
+	}
+	l := r.lease(name)
+	l.Remaining = min(l.Remaining, ttl)
+	return l, nil
+}
+
+// Release implements leader.Store. In one statement it frees the lease if it
+// is unexpired and held by token under term, keeping the term, and notifies
+// the watchers; otherwise it returns an error wrapping leader.ErrLeaseLost.
+func (s *LeaseStore) Release(ctx context.Context, name, token string, term uint64) error {
+	const op = "release"
+	if term > math.MaxInt64 {
+		return fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+	}
+	var released int64
+	err := s.pool.QueryRow(ctx, s.sql.release, name, token, int64(term), s.opts.Channel).Scan(&released)
+	if err != nil {
+		return wrapError(ctx, call(op, name), err)
+	}
+	if released == 0 {
+		return fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Observe implements leader.Store. It reports the lease without changing or
+// locking it; Remaining is computed on the server's clock.
+func (s *LeaseStore) Observe(ctx context.Context, name string) (leader.Lease, error) {
+	return s.observe(ctx, "observe", name)
+}
+
+func (s *LeaseStore) observe(ctx context.Context, op, name string) (leader.Lease, error) {
+	var r leaseRow
+	err := s.pool.QueryRow(ctx, s.sql.observe, name).
+		Scan(&r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return leader.Lease{Name: name}, nil
+	}
+	if err != nil {
+		return leader.Lease{}, wrapError(ctx, call(op, name), err)
+	}
+	return r.lease(name), nil
+}
