@@ -72,7 +72,7 @@ func TestElector(t *testing.T) {
 		for i := range 5 {
 			cfg := testConfig("five", fmt.Sprint("c", i))
 			cfg.TTL = 3 * time.Second
-			cfg.OnElected, cfg.OnDemoted = h.hooks(t, cfg.ID)
+			cfg.OnElected, cfg.OnDemoted = h.Hooks(t, cfg.ID)
 			e, err := leader.New(store, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -89,7 +89,7 @@ func TestElector(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		if n := len(h.elections()); n != 1 {
+		if n := len(h.Elections()); n != 1 {
 			t.Errorf("%d elections while the leader renewed, want 1", n)
 		}
 		ld := leaders(es)[0].Status()
@@ -109,7 +109,7 @@ func TestElector(t *testing.T) {
 		stops := map[*leader.Elector]func(){}
 		for i := range 3 {
 			cfg := testConfig("handover", fmt.Sprint("c", i))
-			cfg.OnElected, cfg.OnDemoted = h.hooks(t, cfg.ID)
+			cfg.OnElected, cfg.OnDemoted = h.Hooks(t, cfg.ID)
 			e, err := leader.New(store, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -145,7 +145,7 @@ func TestElector(t *testing.T) {
 		var es []*leader.Elector
 		for _, id := range []string{"a", "b"} {
 			cfg := testConfig("resign", id)
-			cfg.OnElected, cfg.OnDemoted = h.hooks(t, id)
+			cfg.OnElected, cfg.OnDemoted = h.Hooks(t, id)
 			metrics[id] = &recordingMetrics{}
 			cfg.Metrics = metrics[id]
 			e, err := leader.New(store, cfg)
@@ -189,7 +189,7 @@ func TestElector(t *testing.T) {
 		for i := range 3 {
 			cfg := testConfig("dup", "same-id")
 			cfg.TTL = 3 * time.Second
-			cfg.OnElected, cfg.OnDemoted = h.hooks(t, fmt.Sprint("instance", i))
+			cfg.OnElected, cfg.OnDemoted = h.Hooks(t, fmt.Sprint("instance", i))
 			e, err := leader.New(store, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -205,7 +205,7 @@ func TestElector(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		if n := len(h.elections()); n != 1 {
+		if n := len(h.Elections()); n != 1 {
 			t.Errorf("%d elections, want 1: instances with the same ID took the lease from each other", n)
 		}
 	})
@@ -403,7 +403,7 @@ func TestSafety(t *testing.T) {
 		h := newHistory()
 		faulty := newFaultStore(store)
 		cfgA := testConfig(name, "a")
-		cfgA.OnElected, cfgA.OnDemoted = h.hooks(t, "a")
+		cfgA.OnElected, cfgA.OnDemoted = h.Hooks(t, "a")
 		m := &recordingMetrics{}
 		cfgA.Metrics = m
 		a, err := leader.New(faulty, cfgA)
@@ -413,7 +413,7 @@ func TestSafety(t *testing.T) {
 		runElector(t, a)
 		eventually(t, 3*time.Second, "a to lead", a.IsLeader)
 		cfgB := testConfig(name, "b")
-		cfgB.OnElected, cfgB.OnDemoted = h.hooks(t, "b")
+		cfgB.OnElected, cfgB.OnDemoted = h.Hooks(t, "b")
 		b, err := leader.New(store, cfgB)
 		if err != nil {
 			t.Fatal(err)
@@ -425,16 +425,16 @@ func TestSafety(t *testing.T) {
 		faulty.set(fault)
 		eventually(t, 5*time.Second, "b to lead", b.IsLeader)
 		took := time.Since(start)
-		demoted, ok := h.find(func(e event) bool { return e.instance == "a" && !e.elected })
+		demoted, ok := h.Find(func(e event) bool { return e.Instance == "a" && !e.Elected })
 		if !ok {
 			t.Fatal("a never demoted")
 		}
-		elected, _ := h.find(func(e event) bool { return e.instance == "b" && e.elected })
-		if !demoted.at.Before(elected.at) {
-			t.Errorf("a demoted at %v, after b was elected at %v", demoted.at, elected.at)
+		elected, _ := h.Find(func(e event) bool { return e.Instance == "b" && e.Elected })
+		if !demoted.At.Before(elected.At) {
+			t.Errorf("a demoted at %v, after b was elected at %v", demoted.At, elected.At)
 		}
-		if elected.term <= 1 {
-			t.Errorf("b's term = %d, want > a's", elected.term)
+		if elected.Term <= 1 {
+			t.Errorf("b's term = %d, want > a's", elected.Term)
 		}
 		return m, took
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
 	"github.com/leaderelect/leader/leadertest"
 	"go.uber.org/goleak"
 )
@@ -21,130 +22,14 @@ func TestMain(m *testing.M) {
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// history records who believed it led, in order, across electors, and
-// checks DESIGN.md invariant 1 (at most one leader) and 2 (terms grow).
-type history struct {
-	mu     sync.Mutex
-	events []event
-	open   map[string]uint64 // instance -> term while leading
-}
+var (
+	newHistory = electortest.NewHistory
+	runElector = electortest.Run
+	eventually = electortest.Eventually
+	leaders    = electortest.Leaders
+)
 
-type event struct {
-	at       time.Time
-	instance string
-	elected  bool // false: demoted
-	term     uint64
-}
-
-func newHistory() *history { return &history{open: make(map[string]uint64)} }
-
-// hooks returns OnElected/OnDemoted callbacks that record instance's
-// leadership and fail t if two instances overlap.
-func (h *history) hooks(t *testing.T, instance string) (func(context.Context), func()) {
-	elected := func(ctx context.Context) {
-		term, ok := leader.TermFrom(ctx)
-		if !ok {
-			t.Errorf("%s: OnElected context carries no term", instance)
-		}
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		for other, ot := range h.open {
-			t.Errorf("%s elected (term %d) while %s still leads (term %d)", instance, term, other, ot)
-		}
-		if n := len(h.events); n > 0 {
-			for i := n - 1; i >= 0; i-- {
-				if e := h.events[i]; e.elected && e.term >= term {
-					t.Errorf("%s elected with term %d after %s had term %d", instance, term, e.instance, e.term)
-					break
-				}
-			}
-		}
-		h.open[instance] = term
-		h.events = append(h.events, event{at: time.Now(), instance: instance, elected: true, term: term})
-	}
-	demoted := func() {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		term, ok := h.open[instance]
-		if !ok {
-			t.Errorf("%s: OnDemoted called while not leading", instance)
-		}
-		delete(h.open, instance)
-		h.events = append(h.events, event{at: time.Now(), instance: instance, term: term})
-	}
-	return elected, demoted
-}
-
-// elections returns the elected events so far.
-func (h *history) elections() []event {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []event
-	for _, e := range h.events {
-		if e.elected {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// find returns the first event after index from matching f.
-func (h *history) find(f func(event) bool) (event, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, e := range h.events {
-		if f(e) {
-			return e, true
-		}
-	}
-	return event{}, false
-}
-
-// runElector runs e until the test ends (or until the returned stop is
-// called), and fails the test if Run returns an error.
-func runElector(t *testing.T, e *leader.Elector) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := e.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			<-done
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// leaders returns the electors that believe they lead.
-func leaders(es []*leader.Elector) []*leader.Elector {
-	var out []*leader.Elector
-	for _, e := range es {
-		if e.IsLeader() {
-			out = append(out, e)
-		}
-	}
-	return out
-}
+type event = electortest.Event
 
 // faultStore wraps a Store to inject faults into one elector's view of it.
 type faultStore struct {
