@@ -93,8 +93,10 @@ type Config struct {
 	OnElected func(ctx context.Context)
 
 	// OnDemoted is called exactly once for each leadership lost, on Run's
-	// goroutine, after the leader context has been cancelled and after the
-	// OnElected call for that leadership has begun. It should
+	// goroutine, after the leader context has been cancelled. OnElected runs
+	// concurrently, so after a very short leadership OnDemoted may run before
+	// OnElected's body does (which then sees its ctx already cancelled). It
+	// should
 	// block until all leader work has stopped: the Elector does not release
 	// the lease or campaign again until OnDemoted has returned and OnElected
 	// has returned. Optional.

@@ -365,10 +365,9 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 	e.log.Info("elected", slog.Uint64("term", term), slog.Time("expires_at", lease.ExpiresAt))
 	e.publish()
 
-	electedStarted, electedDone := make(chan struct{}), make(chan struct{})
+	electedDone := make(chan struct{})
 	go func() {
 		defer close(electedDone)
-		close(electedStarted)
 		if e.cfg.OnElected != nil {
 			e.cfg.OnElected(lctx)
 		}
@@ -470,7 +469,6 @@ loop:
 	e.cfg.Metrics.StatusChanged(e.cfg.Name, false)
 	e.cfg.Metrics.Lost(e.cfg.Name, reason)
 	e.log.Info("demoted", slog.Uint64("term", term), slog.String("reason", string(reason)))
-	<-electedStarted // OnElected is always called before OnDemoted
 	if e.cfg.OnDemoted != nil {
 		e.cfg.OnDemoted()
 	}

@@ -170,7 +170,9 @@ func TestElector(t *testing.T) {
 		if got := metrics[first.Status().ID].losses(); !slices.Equal(got, []leader.LossReason{leader.LossResigned}) {
 			t.Errorf("losses = %v, want [resigned]", got)
 		}
-		// The resigner campaigns again: stop the new leader and it returns.
+		// The resigner campaigns again once its sit-out of one RetryInterval
+		// has passed: the other resigning then hands the lease back.
+		time.Sleep(first.Config().RetryInterval)
 		second := leaders(es)[0]
 		if err := second.Resign(context.Background()); err != nil {
 			t.Fatal(err)
@@ -429,7 +431,11 @@ func TestSafety(t *testing.T) {
 		if !ok {
 			t.Fatal("a never demoted")
 		}
-		elected, _ := h.Find(func(e event) bool { return e.Instance == "b" && e.Elected })
+		var elected event
+		eventually(t, 5*time.Second, "b's OnElected", func() bool {
+			elected, ok = h.Find(func(e event) bool { return e.Instance == "b" && e.Elected })
+			return ok
+		})
 		if !demoted.At.Before(elected.At) {
 			t.Errorf("a demoted at %v, after b was elected at %v", demoted.At, elected.At)
 		}

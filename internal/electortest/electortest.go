@@ -17,9 +17,11 @@ import (
 // the test the moment one instance is elected while another still leads, or
 // is elected with a term not above every term seen before.
 type History struct {
-	mu     sync.Mutex
-	events []Event
-	open   map[string]uint64 // instance -> term while leading
+	mu      sync.Mutex
+	changed *sync.Cond // signalled on every recorded event
+	events  []Event
+	open    map[string]uint64 // instance -> term while leading
+	counts  map[string]int    // instance -> elections minus demotions
 }
 
 // Event is one recorded election or demotion.
@@ -31,7 +33,11 @@ type Event struct {
 }
 
 // NewHistory returns an empty History.
-func NewHistory() *History { return &History{open: make(map[string]uint64)} }
+func NewHistory() *History {
+	h := &History{open: make(map[string]uint64), counts: make(map[string]int)}
+	h.changed = sync.NewCond(&h.mu)
+	return h
+}
 
 // Hooks returns OnElected and OnDemoted callbacks recording instance's
 // leadership. The OnElected callback returns at once.
@@ -53,17 +59,27 @@ func (h *History) Hooks(t testing.TB, instance string) (onElected func(context.C
 			}
 		}
 		h.open[instance] = term
+		h.counts[instance]++
 		h.events = append(h.events, Event{At: time.Now(), Instance: instance, Elected: true, Term: term})
+		h.changed.Broadcast()
 	}
 	onDemoted = func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
+		// OnElected runs on its own goroutine and may not have recorded
+		// this leadership yet: wait for it, so each demotion pairs with
+		// its election.
+		for h.counts[instance] == 0 {
+			h.changed.Wait()
+		}
+		h.counts[instance]--
 		term, ok := h.open[instance]
 		if !ok {
 			t.Errorf("%s: OnDemoted called while not leading", instance)
 		}
 		delete(h.open, instance)
 		h.events = append(h.events, Event{At: time.Now(), Instance: instance, Term: term})
+		h.changed.Broadcast()
 	}
 	return onElected, onDemoted
 }
