@@ -1,0 +1,73 @@
+// Package leader elects one leader among many instances of a service, so that
+// exactly one of them runs the cron jobs, consumes the queue or reconciles
+// state; when it dies or steps down another takes over within a bound, and at
+// no moment do two of them act as leader.
+//
+// An Elector campaigns for a name on a Store (PostgreSQL in package postgres,
+// a file lock on one host in package filelock, memory in package leadertest),
+// calls OnElected with a context that is cancelled the moment leadership is
+// lost, calls OnDemoted once per loss, and campaigns again:
+//
+//	e, err := leader.New(store, leader.Config{
+//		Name:      "nightly-report",
+//		OnElected: func(ctx context.Context) { runReports(ctx) }, // ctx cancelled on loss
+//		OnDemoted: func() { waitForReportsToStop() },             // once per loss
+//	})
+//	err = e.Run(ctx) // campaigns until ctx ends, then hands over
+//
+// # States
+//
+//	            granted                        renewal refused, read-only store,
+//	  ┌──────────────────────────┐            no renewal before the stop point,
+//	  │                          ▼            Resign, or Run's ctx ends
+//	FOLLOW                      LEAD ─────────────────────────────────┐
+//	  ▲  tries at once, then at  │ renews every RenewInterval         ▼
+//	  │  the expiry the store    │                                 STEP DOWN
+//	  │  reported, or when woken │                IsLeader false, leader ctx
+//	  │  by a release            │                cancelled, OnDemoted, wait
+//	  │                          │                for OnElected, release
+//	  └──────────── sit out one RetryInterval ◄───────────────────────┘
+//
+// Run returns from FOLLOW, or after STEP DOWN, once its ctx has ended.
+//
+// # Why at most one instance leads
+//
+// Every grant and renewal is judged by the store on its own clock: the lease
+// runs until the store's now + TTL. The leader notes, on its monotonic clock,
+// the moment s at which it sent the request; the store's now is necessarily
+// later than s, so the store's lease ends no earlier than s + TTL. The leader
+// believes it leads only until its local deadline, s + TTL - DriftMargin,
+// where DriftMargin covers the leader's clock running slower than the
+// store's. So the interval in which an instance believes it leads lies inside
+// the interval in which the store holds the lease for it, and the store never
+// grants a held lease to another: no two instances believe they lead at once.
+// Wall-clock jumps on a client change nothing, since only monotonic
+// durations and the store's clock are used.
+//
+// If renewals fail, the leader gives up at StopGrace before its deadline: it
+// cancels the leader context and calls OnDemoted, which has StopGrace to stop
+// the work before anyone else can be granted the lease. Each renewal's
+// context ends at that stop point, and the stop point is kept by a timer
+// that does not wait for the store call, so a store that hangs cannot keep
+// an instance leading past it.
+//
+// # Fencing
+//
+// Every grant carries a term that grows by one with each grant of the name
+// and never goes back. The leader context carries it (see TermFrom); guard
+// writes downstream with it so that a deposed leader's late writes are
+// refused.
+//
+// # Identity
+//
+// Config.ID is a human-readable name for logs and status. Stores compare a
+// random token made by New for each Elector, so two instances started with
+// the same ID are still two candidates and never share a lease.
+//
+// # Failover
+//
+// A leader that stops or resigns releases the lease; the store wakes the
+// followers (PostgreSQL: NOTIFY) and one of them is granted it within one
+// round trip. A leader that crashes is replaced when its lease runs out:
+// followers sleep until the expiry the store reported, not on a blind poll.
+package leader
