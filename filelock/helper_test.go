@@ -1,0 +1,51 @@
+package filelock_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/leaderelect/leader/filelock"
+)
+
+// The cross-process tests run this test binary again as a child process
+// that holds a lease; TestMain hands such a child to helperMain.
+const (
+	helperEnv     = "FILELOCK_TEST_HELPER" // set to 1 in the child
+	helperDirEnv  = "FILELOCK_TEST_DIR"
+	helperNameEnv = "FILELOCK_TEST_NAME"
+	helperIDEnv   = "FILELOCK_TEST_ID"
+	helperTTLEnv  = "FILELOCK_TEST_TTL"
+)
+
+// helperMain is the child: it acquires the name, prints "granted <term>",
+// and then holds the lease without ever renewing it until its standard input
+// closes or it is killed. It returns the exit code.
+func helperMain() int {
+	ttl, err := time.ParseDuration(os.Getenv(helperTTLEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 2
+	}
+	s, err := filelock.Open(os.Getenv(helperDirEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 2
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	l, granted, err := s.Acquire(ctx, os.Getenv(helperNameEnv), newCandidate(os.Getenv(helperIDEnv)), ttl)
+	if err != nil || !granted {
+		fmt.Fprintf(os.Stderr, "helper: acquire: granted %v, err %v, holder %q\n", granted, err, l.HolderID)
+		return 2
+	}
+	fmt.Printf("granted %d\n", l.Term)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
