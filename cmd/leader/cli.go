@@ -1,0 +1,153 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+
+	"github.com/leaderelect/leader/cmd/leader/internal/redact"
+)
+
+// Exit codes shared by the subcommands; see exitCodesHelp.
+const (
+	exitOK      = 0
+	exitFailure = 1 // a runtime error: the store cannot be opened or reached, a command cannot be supervised
+	exitUsage   = 2 // bad flags or arguments; nothing was started
+)
+
+// envStore names the environment variable read when --store is not given.
+const envStore = "LEADER_STORE"
+
+// usageError is a mistake in the command line, reported with exit code 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// fail reports err for subcommand cmd, secrets masked, and returns the exit
+// code: exitUsage for a usageError, exitFailure otherwise.
+func (a *app) fail(cmd string, red *redact.Redactor, err error) int {
+	msg := red.Error(err)
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(a.stderr, "leader %s: %s\nRun 'leader %s -h' for usage.\n", cmd, msg, cmd)
+		return exitUsage
+	}
+	fmt.Fprintf(a.stderr, "leader %s: %s\n", cmd, msg)
+	return exitFailure
+}
+
+// parse parses args for cmd with fs. When withCommand is set, args must end
+// with "-- CMD [ARGS...]", which is returned. ok is false when the caller
+// must return code at once: after -h (code 0) or a usage error (code 2, the
+// message printed).
+func (a *app) parse(cmd *command, fs *flag.FlagSet, args []string, withCommand bool) (command []string, code int, ok bool) {
+	flagArgs := args
+	dash := slices.Index(args, "--")
+	if withCommand && dash >= 0 {
+		flagArgs, command = args[:dash], args[dash+1:]
+	}
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	if err := fs.Parse(flagArgs); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printCommandUsage(a.stdout, cmd, fs)
+			return nil, exitOK, false
+		}
+		return nil, a.fail(cmd.name, nil, usagef("%s", flagError(err))), false
+	}
+	extra := fs.Args()
+	switch {
+	case withCommand && dash < 0 && len(extra) > 0:
+		return nil, a.fail(cmd.name, nil, usagef("put \"--\" before the command to run: leader %s [flags] -- %s", cmd.name, strings.Join(extra, " "))), false
+	case withCommand && dash < 0:
+		return nil, a.fail(cmd.name, nil, usagef("missing the command to run: leader %s [flags] -- CMD [ARGS...]", cmd.name)), false
+	case withCommand && len(command) == 0:
+		return nil, a.fail(cmd.name, nil, usagef("missing the command to run after \"--\"")), false
+	case len(extra) > 0:
+		return nil, a.fail(cmd.name, nil, usagef("unexpected argument %q", extra[0])), false
+	}
+	return command, exitOK, true
+}
+
+// flagError rewrites the flag package's messages to name flags as the help
+// text does (--name, not -name).
+func flagError(err error) string {
+	msg := err.Error()
+	for _, prefix := range []string{"flag provided but not defined: -", "flag needs an argument: -", " for flag -"} {
+		if i := strings.Index(msg, prefix); i >= 0 && !strings.HasPrefix(msg[i+len(prefix):], "-") {
+			msg = msg[:i+len(prefix)] + "-" + msg[i+len(prefix):]
+		}
+	}
+	return msg
+}
+
+// commonOptions are the flags every subcommand that talks to a store has.
+type commonOptions struct {
+	store     string
+	logFormat string
+	logLevel  string
+}
+
+func (c *commonOptions) register(fs *flag.FlagSet, defaultLevel string) {
+	fs.StringVar(&c.store, "store", "", "the store's `URL`: postgres://… (or postgresql://…), or file:///dir for the embedded\nsingle-host store (default: $"+envStore+", else the embedded store in "+defaultStoreDirHelp+")")
+	fs.StringVar(&c.logFormat, "log-format", "text", "log format on stderr: text or json")
+	fs.StringVar(&c.logLevel, "log-level", defaultLevel, "log level: debug, info, warn or error")
+}
+
+// storeURL returns the store named by --store, else by $LEADER_STORE, else
+// "" (the default embedded store).
+func (c *commonOptions) storeURL(a *app) string {
+	if c.store != "" {
+		return c.store
+	}
+	return a.getenv(envStore)
+}
+
+// logger returns the logger the options ask for, writing to w, with secrets
+// masked by red.
+func (c *commonOptions) logger(w io.Writer, red *redact.Redactor) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", c.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: red.ReplaceAttr}
+	switch c.logFormat {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, usagef("--log-format %q: want text or json", c.logFormat)
+	}
+}
+
+// printCommandUsage writes cmd's help: synopsis, description, flags.
+func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: %s\n\n%s\n", cmd.synopsis, strings.TrimSpace(cmd.help))
+	var b strings.Builder
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(&b, "  --%s", f.Name)
+		if typ != "" {
+			fmt.Fprintf(&b, " %s", typ)
+		}
+		b.WriteString("\n")
+		for line := range strings.SplitSeq(usage, "\n") {
+			fmt.Fprintf(&b, "        %s\n", line)
+		}
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0s" {
+			fmt.Fprintf(&b, "        (default %s)\n", f.DefValue)
+		}
+	})
+	if b.Len() > 0 {
+		fmt.Fprintf(w, "\nFlags:\n%s", b.String())
+	}
+}

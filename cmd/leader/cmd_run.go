@@ -1,0 +1,292 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/cmd/leader/internal/fence"
+	"github.com/leaderelect/leader/cmd/leader/internal/redact"
+	"github.com/leaderelect/leader/leaderprom"
+)
+
+var runCommand = &command{
+	name:     "run",
+	synopsis: "leader run --name NAME [flags] -- CMD [ARGS...]",
+	summary:  "run a command only while this instance leads the election",
+	help: `
+Campaigns in the election NAME and, while this instance leads, runs CMD with
+LEADER_NAME, LEADER_ID, LEADER_TERM (the fencing term, which grows with every
+new leader) and LEADER_HELD=1 added to its environment. Its standard input is
+/dev/null; its output goes to this command's.
+
+When leadership is lost, the command's whole process group gets SIGTERM, then
+SIGKILL after --grace, and "leader run" waits until it is gone before the
+lease can pass to another instance: --grace is checked against --ttl so that
+the command always ends before the lease could be granted to anyone else.
+If "leader run" itself is killed (even with SIGKILL), the command and every
+process in its process group are killed at once. When this instance is
+elected again, the command starts again.
+
+SIGINT or SIGTERM to "leader run" stops the command the same way, releases
+the lease (another instance takes over at once) and exits; a second signal
+kills the command with SIGKILL at once.
+
+When the command exits on its own, --restart decides:
+  never       release the lease and exit with the command's exit code (default)
+  on-failure  start it again (after a short backoff) if it failed; exit 0 once it succeeds
+  always      start it again after a short backoff, whatever its exit code
+
+Exit codes:
+  0        stopped by SIGINT/SIGTERM (command stopped, lease released), or
+           the command exited with 0
+  N        the command's exit code, when it exited on its own (--restart never)
+  128+N    the command was killed by signal N (not sent by "leader run")
+  126, 127 the command could not be executed, or was not found
+  1        runtime error, for example the store cannot be opened
+  2        usage error (bad flags or arguments); nothing was started
+`,
+}
+
+func init() {
+	runCommand.flags = func() *flag.FlagSet { return new(runOptions).flags() }
+	runCommand.run = runRun
+}
+
+type runOptions struct {
+	commonOptions
+	name     string
+	id       string
+	ttl      time.Duration
+	grace    time.Duration
+	restart  string
+	http     string
+	strategy string
+}
+
+func (o *runOptions) flags() *flag.FlagSet {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.StringVar(&o.name, "name", "", "the election `NAME`: instances with one name on one store elect one leader (required)")
+	fs.StringVar(&o.id, "id", "", "this instance's `ID`, shown as the leader by status (default <hostname>-<pid>)")
+	fs.DurationVar(&o.ttl, "ttl", leader.DefaultTTL, fmt.Sprintf("lease length: a crashed leader is replaced within about this long (%v to %v)", leader.MinTTL, leader.MaxTTL))
+	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when the command must stop; at most about\nTTL×0.28 minus a kill margin (default TTL/5 minus the kill margin: 2.75s for the default TTL)")
+	fs.StringVar(&o.restart, "restart", restartNever, "when the command exits on its own: never, on-failure or always")
+	fs.StringVar(&o.http, "http", "", "serve /healthz, /leader and /metrics on `ADDR` (a bare :PORT listens on 127.0.0.1)")
+	fs.StringVar(&o.strategy, "strategy", strategyLease, "PostgreSQL strategy: lease (advisory is not available yet)")
+	o.commonOptions.register(fs, "info")
+	return fs
+}
+
+// killMargin is the part of Config.StopGrace kept for the SIGKILL itself and
+// for making sure the group is gone, after --grace.
+func killMargin(ttl time.Duration) time.Duration {
+	return min(250*time.Millisecond, ttl/10)
+}
+
+// defaultGrace is --grace when not given: the Elector's default StopGrace
+// (TTL/5) less the kill margin.
+func defaultGrace(ttl time.Duration) time.Duration {
+	return max(ttl/5-killMargin(ttl), 0)
+}
+
+func runRun(a *app, ctx context.Context, args []string) int {
+	var o runOptions
+	fs := o.flags()
+	argv, code, ok := a.parse(runCommand, fs, args, true)
+	if !ok {
+		return code
+	}
+	graceSet := false
+	fs.Visit(func(f *flag.Flag) { graceSet = graceSet || f.Name == "grace" })
+	if !graceSet {
+		o.grace = defaultGrace(o.ttl)
+	}
+
+	rawStore := o.storeURL(a)
+	red := redact.ForURL(rawStore)
+	fail := func(err error) int { return a.fail("run", red, err) }
+	log, err := o.logger(a.stderr, red)
+	if err != nil {
+		return fail(err)
+	}
+	if o.name == "" {
+		return fail(usagef("missing --name: the election to campaign in"))
+	}
+	switch o.restart {
+	case restartNever, restartOnFailure, restartAlways:
+	default:
+		return fail(usagef("--restart %q: want never, on-failure or always", o.restart))
+	}
+	if o.grace < 0 {
+		return fail(usagef("--grace %v: must not be negative", o.grace))
+	}
+	httpAddr, err := listenAddr(o.http)
+	if err != nil {
+		return fail(err)
+	}
+	spec, err := parseStoreURL(rawStore)
+	if err != nil {
+		return fail(err)
+	}
+	if err := checkStrategy(spec, o.strategy); err != nil {
+		return fail(err)
+	}
+
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var (
+		exitMu   sync.Mutex
+		exitCode = exitOK
+	)
+	runner := &commandRunner{
+		argv:    argv,
+		name:    o.name,
+		grace:   o.grace,
+		restart: o.restart,
+		log:     log.With(slog.String("election", o.name)),
+		finish: func(code int) {
+			exitMu.Lock()
+			exitCode = code
+			exitMu.Unlock()
+			stopRun()
+		},
+	}
+	cfg := leader.Config{
+		Name:      o.name,
+		ID:        o.id,
+		TTL:       o.ttl,
+		StopGrace: o.grace + killMargin(o.ttl),
+		Logger:    log,
+		OnElected: runner.onElected,
+		OnDemoted: runner.onDemoted,
+	}
+	// Refuse bad settings before opening anything.
+	if err := validateConfig(cfg); err != nil {
+		return fail(configUsageError(err, o.ttl, o.grace))
+	}
+
+	var registry *prometheus.Registry
+	if httpAddr != "" {
+		registry = prometheus.NewRegistry()
+		m, err := leaderprom.New(registry)
+		if err != nil {
+			return fail(err)
+		}
+		cfg.Metrics = m
+	}
+
+	store, err := openStore(ctx, spec, log)
+	if err != nil {
+		return fail(err)
+	}
+	defer store.Close()
+	runner.fencePath = fence.Path(fence.Dir(), store.id, o.name)
+
+	elector, err := leader.New(store, cfg)
+	if err != nil {
+		return fail(configUsageError(err, o.ttl, o.grace))
+	}
+	runner.id = elector.Config().ID
+
+	if httpAddr != "" {
+		srv, err := serveHTTP(httpAddr, elector, registry, log)
+		if err != nil {
+			return fail(err)
+		}
+		defer srv.shutdown()
+	}
+
+	// The first SIGINT/SIGTERM ends ctx (see dispatch); a second one kills
+	// the command at once. Both are counted here, from the start, so that
+	// a quick second signal is not lost.
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	finished := make(chan struct{})
+	var watcher sync.WaitGroup
+	defer watcher.Wait()
+	defer close(finished)
+	defer signal.Stop(signals)
+	watcher.Go(func() {
+		for count := 0; ; {
+			select {
+			case <-signals:
+				if count++; count == 2 {
+					log.Warn("second signal: killing the command")
+					runner.kill()
+				}
+			case <-finished:
+				return
+			}
+		}
+	})
+
+	log.Info("starting", slog.String("election", o.name), slog.String("id", runner.id),
+		slog.String("store", store.display), slog.Duration("ttl", o.ttl), slog.Duration("grace", o.grace))
+	if err := elector.Run(runCtx); err != nil {
+		return fail(err)
+	}
+	exitMu.Lock()
+	defer exitMu.Unlock()
+	return exitCode
+}
+
+// validateConfig runs leader.New's checks on cfg without a store.
+func validateConfig(cfg leader.Config) error {
+	_, err := leader.New(noStore{}, cfg)
+	return err
+}
+
+// configUsageError turns a *leader.ConfigError into a usage error that names
+// the flag, not the Config field.
+func configUsageError(err error, ttl, grace time.Duration) error {
+	var ce *leader.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	switch ce.Field {
+	case "Name":
+		return usagef("--name %q %s", ce.Value, ce.Rule)
+	case "ID":
+		return usagef("--id %q %s", ce.Value, ce.Rule)
+	case "TTL":
+		return usagef("--ttl %v %s", ce.Value, ce.Rule)
+	case "StopGrace":
+		// The defaults New fills in: RenewInterval TTL/3, DriftMargin TTL/20.
+		limit := ttl - 2*(ttl/3) - ttl/20 - killMargin(ttl)
+		if limit <= 0 {
+			return usagef("--ttl %v is too short for any --grace; use a longer --ttl", ttl)
+		}
+		return usagef("--grace %v is too long for --ttl %v: the command must be gone before the lease could be granted to another instance, "+
+			"so --grace may be at most %v (TTL - 2×renew interval (TTL/3) - drift margin (TTL/20) - %v kill margin); shorten --grace or lengthen --ttl",
+			grace, ttl, limit.Round(time.Millisecond), killMargin(ttl))
+	default:
+		return usagef("invalid settings: %s %s", ce.Field, ce.Rule)
+	}
+}
+
+// noStore is a Store for validating a Config; it is never called.
+type noStore struct{}
+
+var errNoStore = errors.New("no store")
+
+func (noStore) Acquire(context.Context, string, leader.Candidate, time.Duration) (leader.Lease, bool, error) {
+	return leader.Lease{}, false, errNoStore
+}
+func (noStore) Renew(context.Context, string, string, uint64, time.Duration) (leader.Lease, error) {
+	return leader.Lease{}, errNoStore
+}
+func (noStore) Release(context.Context, string, string, uint64) error { return errNoStore }
+func (noStore) Observe(context.Context, string) (leader.Lease, error) {
+	return leader.Lease{}, errNoStore
+}
+func (noStore) Watch(context.Context, string) (<-chan struct{}, error) { return nil, errNoStore }

@@ -1,0 +1,297 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// onceConcurrently starts n "leader once" invocations of one job at once;
+// the job records each run and blocks until the test lets it finish, so the
+// invocations surely overlap. It checks that exactly one ran the job, that
+// the others exited 0 quietly, and that the winner passed the job's exit
+// code (3) through.
+func onceConcurrently(t *testing.T, e *env, store string, n int) {
+	ranLog := filepath.Join(e.dir, "ran")
+	release := filepath.Join(e.dir, "release")
+	job := `echo "ran $LEADER_ID $LEADER_TERM $LEADER_HELD" >> "$RAN"; while [ ! -e "$RELEASE" ]; do sleep 0.02; done; exit 3`
+	je := e.with("RAN="+ranLog, "RELEASE="+release)
+	procs := make([]*proc, n)
+	for i := range procs {
+		procs[i] = je.start("once", "--store", store, "--name", "nightly", "--window", "1m", "--", "sh", "-c", job)
+	}
+	waitFor(t, 20*time.Second, "one run to start", func() bool { return lines(t, ranLog) >= 1 })
+	// Every other invocation exits 0, quietly, while the run goes on.
+	var winner *proc
+	waitFor(t, 20*time.Second, "the other invocations to exit", func() bool {
+		exited := 0
+		for _, p := range procs {
+			if p.exited() {
+				exited++
+			}
+		}
+		return exited == n-1
+	})
+	for _, p := range procs {
+		if !p.exited() {
+			winner = p
+			continue
+		}
+		if p.code != 0 || p.stdout.String() != "" || p.stderr.String() != "" {
+			t.Errorf("a losing invocation exited %d with output %q %q, want 0 and nothing", p.code, p.stdout.String(), p.stderr.String())
+		}
+	}
+	if err := os.WriteFile(release, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code := winner.wait(20 * time.Second); code != 3 {
+		t.Errorf("the winning invocation exited %d, want the job's 3\n%s", code, winner.stderr.String())
+	}
+	if runs := lines(t, ranLog); runs != 1 {
+		b, _ := os.ReadFile(ranLog)
+		t.Errorf("the job ran %d times, want once:\n%s", runs, b)
+	}
+	b, _ := os.ReadFile(ranLog)
+	if f := strings.Fields(string(b)); len(f) != 4 || f[3] != "1" {
+		t.Errorf("job environment: %q", b)
+	}
+}
+
+func TestOnceRunsOneOfConcurrentInvocationsOnTheEmbeddedStore(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	onceConcurrently(t, e, e.fileStore(), 5)
+}
+
+func TestStatusAndWatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	store := e.fileStore()
+
+	// Nothing yet.
+	out, stderr, code := e.run("status", "--store", store, "--name", "sw", "--json")
+	if code != 0 {
+		t.Fatalf("status exit code %d: %s", code, stderr)
+	}
+	var st map[string]any
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json printed %q: %v", out, err)
+	}
+	if st["leader"] != nil || st["held"] != false {
+		t.Errorf("status of a fresh election: %s", out)
+	}
+
+	w := e.start("watch", "--store", store, "--name", "sw", "--json")
+	watchLines := func() []map[string]any {
+		var out []map[string]any
+		sc := bufio.NewScanner(strings.NewReader(w.stdout.String()))
+		for sc.Scan() {
+			var m map[string]any
+			if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+				t.Fatalf("watch printed a line that is not JSON: %q", sc.Text())
+			}
+			out = append(out, m)
+		}
+		return out
+	}
+	waitFor(t, 20*time.Second, "watch's first line", func() bool { return len(watchLines()) >= 1 })
+
+	r := e.start("run", "--store", store, "--name", "sw", "--id", "alpha", "--", "sleep", "1000")
+	waitFor(t, 20*time.Second, "watch to show alpha leading", func() bool {
+		l := watchLines()
+		return l[len(l)-1]["leader"] == "alpha"
+	})
+
+	out, _, code = e.run("status", "--store", store, "--name", "sw", "--json")
+	if code != 0 {
+		t.Fatalf("status exit code %d", code)
+	}
+	st = nil
+	if err := json.Unmarshal([]byte(out), &st); err != nil || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+		t.Fatalf("status --json printed %q, want one JSON object: %v", out, err)
+	}
+	for _, k := range []string{"name", "leader", "term", "expires_at", "acquired_at", "held"} {
+		if _, ok := st[k]; !ok {
+			t.Errorf("status --json lacks %q: %s", k, out)
+		}
+	}
+	if st["name"] != "sw" || st["leader"] != "alpha" || st["held"] != true || st["term"].(float64) < 1 || st["expires_at"] == nil {
+		t.Errorf("status --json: %s", out)
+	}
+	if _, err := time.Parse(time.RFC3339Nano, st["expires_at"].(string)); err != nil {
+		t.Errorf("expires_at: %v", err)
+	}
+
+	text, _, code := e.run("status", "--store", store, "--name", "sw")
+	if code != 0 || !strings.Contains(text, "alpha") || !strings.Contains(text, "term") || !strings.Contains(text, "expires") || !strings.Contains(text, "since") {
+		t.Errorf("status: exit %d\n%s", code, text)
+	}
+
+	r.signal(syscall.SIGTERM)
+	if code := r.wait(10 * time.Second); code != 0 {
+		t.Errorf("run exit code %d", code)
+	}
+	waitFor(t, 10*time.Second, "watch to show no leader", func() bool {
+		l := watchLines()
+		return l[len(l)-1]["leader"] == nil && l[len(l)-1]["held"] == false
+	})
+	w.signal(syscall.SIGINT)
+	if code := w.wait(10 * time.Second); code != 0 {
+		t.Errorf("watch exit code %d after SIGINT", code)
+	}
+	if l := watchLines(); len(l) != 3 {
+		t.Errorf("watch printed %d lines, want 3 (none, alpha, none):\n%s", len(l), w.stdout.String())
+	}
+
+	// The text form of watch.
+	tw := e.start("watch", "--store", store, "--name", "sw")
+	waitFor(t, 20*time.Second, "a text line from watch", func() bool { return strings.Contains(tw.stdout.String(), "leader=none") })
+	tw.signal(syscall.SIGTERM)
+	if code := tw.wait(10 * time.Second); code != 0 {
+		t.Errorf("watch exit code %d after SIGTERM", code)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		want string // in stderr
+	}{
+		{"no subcommand", nil, "Usage"},
+		{"unknown subcommand", []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown flag", []string{"run", "--name", "x", "--bogus", "--", "true"}, "--bogus"},
+		{"missing name", []string{"run", "--", "true"}, "missing --name"},
+		{"missing command", []string{"run", "--name", "x"}, "missing the command"},
+		{"missing command after --", []string{"run", "--name", "x", "--"}, "missing the command"},
+		{"command without --", []string{"run", "--name", "x", "echo", "hi"}, `put "--" before the command`},
+		{"bad restart", []string{"run", "--name", "x", "--restart", "sometimes", "--", "true"}, "--restart"},
+		{"bad duration", []string{"run", "--name", "x", "--ttl", "soon", "--", "true"}, "--ttl"},
+		{"TTL too short", []string{"run", "--name", "x", "--ttl", "100ms", "--", "true"}, "--ttl 100ms must be at least"},
+		{"grace too long for TTL", []string{"run", "--name", "x", "--ttl", "15s", "--grace", "10s", "--", "true"}, "--grace 10s is too long for --ttl 15s"},
+		{"advisory strategy", []string{"run", "--store", "postgres://u:pw@127.0.0.1:1/db", "--strategy", "advisory", "--name", "x", "--", "true"}, "not available yet"},
+		{"strategy on the embedded store", []string{"run", "--strategy", "advisory", "--name", "x", "--", "true"}, "PostgreSQL stores only"},
+		{"unknown store scheme", []string{"status", "--store", "mysql://h/db", "--name", "x"}, `unknown scheme "mysql"`},
+		{"relative file store", []string{"status", "--store", "file://relative/dir", "--name", "x"}, "file:///path"},
+		{"bad log format", []string{"status", "--name", "x", "--log-format", "xml"}, "--log-format"},
+		{"status without name", []string{"status"}, "missing --name"},
+		{"watch without name", []string{"watch"}, "missing --name"},
+		{"status with an argument", []string{"status", "--name", "x", "extra"}, `unexpected argument "extra"`},
+		{"once without command", []string{"once", "--name", "x"}, "missing the command"},
+		{"once window too short", []string{"once", "--name", "x", "--window", "10ms", "--", "true"}, "--window 10ms"},
+		{"help for an unknown command", []string{"help", "nope"}, `unknown command "nope"`},
+		{"bad http address", []string{"run", "--name", "x", "--http", "a:b:c", "--", "true"}, "--http"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			_, stderr, code := e.run(tt.args...)
+			if code != exitUsage {
+				t.Errorf("exit code %d, want %d\n%s", code, exitUsage, stderr)
+			}
+			if !strings.Contains(stderr, tt.want) {
+				t.Errorf("stderr does not say %q:\n%s", tt.want, stderr)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	out, _, code := e.run("help")
+	if code != 0 || !strings.Contains(out, "leader run") || !strings.Contains(out, "Exit codes") {
+		t.Errorf("help: exit %d\n%s", code, out)
+	}
+	for _, cmd := range []string{"run", "once", "status", "watch", "migrate", "demo"} {
+		out, _, code := e.run(cmd, "-h")
+		if code != 0 || !strings.Contains(out, "Usage: leader "+cmd) {
+			t.Errorf("%s -h: exit %d\n%s", cmd, code, out)
+		}
+		out2, _, _ := e.run("help", cmd)
+		if out2 != out {
+			t.Errorf("help %s differs from %s -h", cmd, cmd)
+		}
+	}
+	out, _, _ = e.run("run", "-h")
+	for _, want := range []string{"--grace", "--ttl", "--restart", "--http", "--store", "Exit codes", "128+N", "LEADER_TERM"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("run -h does not mention %s", want)
+		}
+	}
+}
+
+func TestMigrateOnTheEmbeddedStoreHasNothingToDo(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	out, _, code := e.run("migrate", "--store", e.fileStore())
+	if code != 0 || !strings.Contains(out, "nothing to migrate") {
+		t.Errorf("exit %d: %s", code, out)
+	}
+}
+
+func TestDefaultStoreFromTheEnvironment(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	// No --store: LEADER_STORE names it; without it, the default directory.
+	store := e.fileStore()
+	if _, stderr, code := e.with("LEADER_STORE="+store).run("run", "--name", "env", "--", "true"); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	out, _, _ := e.run("status", "--store", store, "--name", "env", "--json")
+	if !strings.Contains(out, `"term":1`) {
+		t.Errorf("the run did not use $LEADER_STORE: %s", out)
+	}
+	if _, stderr, code := e.run("run", "--name", "env", "--", "true"); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "state", "leader")); err != nil {
+		t.Errorf("the default store is not in $XDG_STATE_HOME/leader: %v", err)
+	}
+}
+
+// TestPasswordsNeverShow runs subcommands against PostgreSQL URLs that fail
+// in different ways, and checks that the password appears nowhere.
+func TestPasswordsNeverShow(t *testing.T) {
+	t.Parallel()
+	const secret = "Sup3rS3cretPassw0rd"
+	urls := []string{
+		"postgres://app:" + secret + "@127.0.0.1:1/db?sslmode=disable&connect_timeout=2", // nothing listens
+		"postgresql://app:" + secret + "@127.0.0.1:notaport/db",                          // unparseable
+		"postgres://app@127.0.0.1:1/db?password=" + secret + "&sslmode=bogus",            // bad option
+	}
+	var wg sync.WaitGroup
+	for _, u := range urls {
+		for _, args := range [][]string{
+			{"status", "--name", "x"},
+			{"watch", "--name", "x", "--log-format", "json"},
+			{"migrate", "--log-level", "debug"},
+			{"run", "--name", "x", "--log-level", "debug", "--", "true"},
+			{"once", "--name", "x", "--", "true"},
+		} {
+			wg.Go(func() {
+				e := newEnv(t)
+				withStore := append([]string{args[0], "--store", u}, args[1:]...)
+				out, stderr, code := e.run(withStore...)
+				if code == 0 {
+					t.Errorf("%v on %s: exit code 0", args, u)
+				}
+				if strings.Contains(out+stderr, secret) {
+					t.Errorf("%v: the password shows:\n%s%s", args, out, stderr)
+				}
+				if !strings.Contains(stderr, "xxxxx") && !strings.Contains(stderr, "127.0.0.1") {
+					t.Errorf("%v: the error does not say which store:\n%s", args, stderr)
+				}
+			})
+		}
+	}
+	wg.Wait()
+}

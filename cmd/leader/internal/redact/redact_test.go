@@ -1,0 +1,107 @@
+package redact
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+func TestURL(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, in, want string
+	}{
+		{"password in userinfo is masked", "postgres://app:s3cret@db.example:5432/leader?sslmode=disable",
+			"postgres://app:xxxxx@db.example:5432/leader?sslmode=disable"},
+		{"percent-encoded password is masked", "postgresql://app:p%40ss%2Fw@127.0.0.1/db",
+			"postgresql://app:xxxxx@127.0.0.1/db"},
+		{"password query parameter is masked", "postgres://app@h/db?password=hunter2&sslmode=require",
+			"postgres://app@h/db?password=xxxxx&sslmode=require"},
+		{"URL without password is unchanged", "postgres://app@h/db", "postgres://app@h/db"},
+		{"file URL is unchanged", "file:///var/lib/leader", "file:///var/lib/leader"},
+		{"unparseable URL has its password masked", "postgres://app:se cret@h:notaport/db",
+			"postgres://app:xxxxx@h:notaport/db"},
+		{"unparseable URL with a password parameter is masked whole", "postgres://h:x/db?password=abc", Mask},
+		{"unparseable URL with @ in the password", "postgres://app:p@ss@h:bad/db", "postgres://app:xxxxx@h:bad/db"},
+		{"text without scheme is masked whole", "app:secret@host", Mask},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if got := URL(tt.in); got != tt.want {
+				t.Errorf("URL(%q) = %q, want %q", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestRedactorMasksSecretsInAnyText(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, url string
+		text      string
+		secrets   []string
+	}{
+		{"plain password", "postgres://u:topsecret@h/db", "failed: topsecret", []string{"topsecret"}},
+		{"decoded and encoded forms", "postgres://u:p%40ssword@h/db", "a p@ssword b p%40ssword", []string{"p@ssword", "p%40ssword"}},
+		{"query password", "postgres://u@h/db?password=qwerty123", "pw qwerty123", []string{"qwerty123"}},
+		{"unparseable URL", "postgres://u:bad%zzpass@h:x/db", "oops bad%zzpass", []string{"bad%zzpass"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := ForURL(tt.url)
+			got := r.String(tt.text)
+			for _, s := range tt.secrets {
+				if strings.Contains(got, s) {
+					t.Errorf("String(%q) = %q still contains %q", tt.text, got, s)
+				}
+			}
+			if !strings.Contains(got, Mask) {
+				t.Errorf("String(%q) = %q, want the mask in it", tt.text, got)
+			}
+		})
+	}
+}
+
+func TestRedactorLeavesOtherTextAlone(t *testing.T) {
+	t.Parallel()
+	r := ForURL("postgres://u@h/db")
+	if got := r.String("nothing to hide"); got != "nothing to hide" {
+		t.Errorf("got %q", got)
+	}
+	var nilR *Redactor
+	if got := nilR.String("x"); got != "x" {
+		t.Errorf("nil Redactor changed text: %q", got)
+	}
+}
+
+func TestReplaceAttrMasksLogRecords(t *testing.T) {
+	t.Parallel()
+	r := ForURL("postgres://app:hunter2secret@127.0.0.1:1/db")
+	for _, format := range []string{"text", "json"} {
+		t.Run(format, func(t *testing.T) {
+			t.Parallel()
+			var buf bytes.Buffer
+			opts := &slog.HandlerOptions{ReplaceAttr: r.ReplaceAttr}
+			var h slog.Handler = slog.NewTextHandler(&buf, opts)
+			if format == "json" {
+				h = slog.NewJSONHandler(&buf, opts)
+			}
+			log := slog.New(h)
+			err := fmt.Errorf("connect: %w", errors.New("password hunter2secret rejected"))
+			log.Error("dialing with hunter2secret", "error", err, "url", "postgres://app:hunter2secret@h",
+				slog.Group("g", "inner", "hunter2secret"))
+			out := buf.String()
+			if strings.Contains(out, "hunter2secret") {
+				t.Errorf("log output leaks the password: %s", out)
+			}
+			if strings.Count(out, Mask) < 4 {
+				t.Errorf("want 4 masks in %s", out)
+			}
+		})
+	}
+}

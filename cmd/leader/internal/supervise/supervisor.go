@@ -1,0 +1,229 @@
+package supervise
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+// prSetChildSubreaper is PR_SET_CHILD_SUBREAPER from <linux/prctl.h>.
+const prSetChildSubreaper = 36
+
+// groupPoll is how often the supervisor checks whether the command's process
+// group still has members once the command itself has exited: members that
+// are not its children end without telling it.
+const groupPoll = 10 * time.Millisecond
+
+// Main is the supervisor: the hidden subcommand Subcommand. args are the
+// arguments after the subcommand's name. It returns the process exit code,
+// which is 0 unless the supervisor was misused; the command's own exit status
+// goes to the leader on the status pipe.
+func Main(args []string) int {
+	// The command's parent-death signal is tied to the thread that forks it;
+	// this goroutine keeps its thread until the process exits.
+	runtime.LockOSThread()
+
+	fs := flag.NewFlagSet(Subcommand, flag.ContinueOnError)
+	grace := fs.Duration("grace", 10*time.Second, "time between SIGTERM and SIGKILL")
+	hasFence := fs.Bool("fence", false, "fd 5 is a fence to hold until the group is gone")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	argv := fs.Args()
+	if len(argv) == 0 {
+		fmt.Fprintln(os.Stderr, "leader: "+Subcommand+" is internal to the leader command and needs a command")
+		return 2
+	}
+
+	control := os.NewFile(fdControl, "control")
+	status := os.NewFile(fdStatus, "status")
+	if control == nil || status == nil {
+		fmt.Fprintln(os.Stderr, "leader: "+Subcommand+" is internal to the leader command")
+		return 2
+	}
+	// None of these may leak into the command: the control pipe's write end
+	// must be held by the leader alone, and the fence by this process alone.
+	syscall.CloseOnExec(fdControl)
+	syscall.CloseOnExec(fdStatus)
+	if *hasFence {
+		syscall.CloseOnExec(fdFence)
+	}
+	report := func(format string, a ...any) {
+		_, _ = fmt.Fprintf(status, format+"\n", a...)
+	}
+
+	// The leader decides how the command stops: a terminal's signals are not
+	// for us. SIGTERM (for example from a service manager stopping the whole
+	// control group) is taken as "stop".
+	signal.Ignore(syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
+	terms := make(chan os.Signal, 1)
+	signal.Notify(terms, syscall.SIGTERM)
+	children := make(chan os.Signal, 1)
+	signal.Notify(children, syscall.SIGCHLD)
+
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); errno != 0 {
+		fmt.Fprintf(os.Stderr, "leader: supervisor: cannot become a child subreaper (%v); grandchildren that outlive the command may be missed\n", errno)
+	}
+
+	path, err := exec.LookPath(argv[0])
+	if err != nil {
+		code := 127
+		if !errors.Is(err, exec.ErrNotFound) && !errors.Is(err, os.ErrNotExist) {
+			code = 126
+		}
+		report("error %d cannot run %q: %v", code, argv[0], unwrapExecErr(err))
+		return 0
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		report("error 1 %v", err)
+		return 0
+	}
+	proc, err := os.StartProcess(path, argv, &os.ProcAttr{
+		Env:   os.Environ(),
+		Files: []*os.File{devnull, os.Stdout, os.Stderr},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
+	})
+	devnull.Close()
+	if err != nil {
+		code := 126
+		if errors.Is(err, os.ErrNotExist) {
+			code = 127
+		}
+		report("error %d cannot run %q: %v", code, argv[0], unwrapExecErr(err))
+		return 0
+	}
+	pid := proc.Pid
+	// This process reaps with wait4 itself (it must, as a subreaper).
+	_ = proc.Release()
+	report("pid %d", pid)
+
+	fromLeader := make(chan string, 4)
+	go readControl(control, fromLeader)
+
+	var (
+		exited   *syscall.WaitStatus
+		stopping bool
+		killed   bool
+		killAt   <-chan time.Time
+		poll     *time.Ticker
+		pollC    <-chan time.Time
+	)
+	kill := func() {
+		if !killed {
+			killed = true
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+		}
+	}
+	stop := func() {
+		if stopping || killed {
+			return
+		}
+		stopping = true
+		_ = syscall.Kill(-pid, syscall.SIGTERM)
+		_ = syscall.Kill(-pid, syscall.SIGCONT)
+		if *grace <= 0 {
+			kill()
+			return
+		}
+		killAt = time.After(*grace)
+	}
+	reap := func() {
+		for {
+			var ws syscall.WaitStatus
+			got, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if err == syscall.EINTR {
+				continue
+			}
+			if err != nil || got <= 0 {
+				return
+			}
+			if got == pid {
+				exited = &ws
+			}
+		}
+	}
+	for {
+		select {
+		case <-children:
+			reap()
+		case msg := <-fromLeader:
+			switch msg {
+			case msgStop:
+				stop()
+			default: // msgKill, or the leader is gone
+				kill()
+			}
+		case <-terms:
+			stop()
+		case <-killAt:
+			kill()
+		case <-pollC:
+			reap()
+		}
+		if exited == nil {
+			continue
+		}
+		if groupAlive(pid) {
+			// The command is gone but left processes in its group: stop
+			// them as if asked to, and watch for the group to empty.
+			stop()
+			if poll == nil {
+				poll = time.NewTicker(groupPoll)
+				pollC = poll.C
+			}
+			continue
+		}
+		switch {
+		case exited.Signaled():
+			report("signal %d", int(exited.Signal()))
+		default:
+			report("exit %d", exited.ExitStatus())
+		}
+		return 0
+	}
+}
+
+// readControl forwards the leader's messages; end-of-file (or any error)
+// means the leader is gone and is forwarded as "kill".
+func readControl(f *os.File, out chan<- string) {
+	r := bufio.NewReader(f)
+	for {
+		line, err := readLine(r)
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				fmt.Fprintf(os.Stderr, "leader: supervisor: reading from the leader: %v\n", err)
+			}
+			out <- msgKill
+			return
+		}
+		out <- line
+	}
+}
+
+// groupAlive reports whether process group pgid has any member, zombies
+// included.
+func groupAlive(pgid int) bool {
+	err := syscall.Kill(-pgid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+func unwrapExecErr(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	var ee *exec.Error
+	if errors.As(err, &ee) {
+		return ee.Err
+	}
+	return err
+}

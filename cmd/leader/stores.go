@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/cmd/leader/internal/redact"
+	"github.com/leaderelect/leader/filelock"
+)
+
+// Strategies on PostgreSQL (--strategy).
+const (
+	strategyLease    = "lease"
+	strategyAdvisory = "advisory"
+)
+
+// defaultStoreDirHelp describes defaultStoreDir in help texts.
+const defaultStoreDirHelp = "$XDG_STATE_HOME/leader (~/.local/state/leader)"
+
+// defaultStoreDir is the embedded store's directory when no store is named:
+// filelock.DefaultDir, a per-user directory that survives reboots (so terms
+// keep growing across them), or <temp dir>/leader-<uid> when the user has no
+// home directory.
+func defaultStoreDir() string {
+	if d, err := filelock.DefaultDir(); err == nil {
+		return d
+	}
+	return filepath.Join(os.TempDir(), "leader-"+strconv.Itoa(os.Getuid()))
+}
+
+// storeKind tells the backends apart.
+type storeKind int
+
+const (
+	fileStore storeKind = iota
+	postgresStore
+)
+
+// openedStore is a store named by URL, ready for use.
+type openedStore struct {
+	leader.Store
+	kind storeKind
+	// display is the URL as shown to people: passwords masked.
+	display string
+	// id names the store without secrets, for fences: the directory, or
+	// host, port and database.
+	id string
+	// migrate creates or updates the store's schema (PostgreSQL only).
+	migrate func(ctx context.Context) error
+	close   func()
+}
+
+func (s *openedStore) Close() {
+	if s.close != nil {
+		s.close()
+	}
+}
+
+// storeSpec is a parsed store URL.
+type storeSpec struct {
+	kind    storeKind
+	raw     string // as given (may hold a password: never print it)
+	display string
+	dir     string // fileStore
+}
+
+// parseStoreURL checks a store URL without opening anything. "" means the
+// default embedded store.
+func parseStoreURL(raw string) (storeSpec, error) {
+	if raw == "" {
+		dir := defaultStoreDir()
+		return storeSpec{kind: fileStore, dir: dir, display: (&url.URL{Scheme: "file", Path: dir}).String()}, nil
+	}
+	display := redact.URL(raw)
+	scheme, _, ok := strings.Cut(raw, "://")
+	if !ok {
+		return storeSpec{}, usagef("--store %s: want a URL: postgres://…, postgresql://… or file:///dir", display)
+	}
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql":
+		return storeSpec{kind: postgresStore, raw: raw, display: display}, nil
+	case "file":
+		u, err := url.Parse(raw)
+		if err != nil {
+			return storeSpec{}, usagef("--store %s: %v", display, err)
+		}
+		if u.Host != "" && u.Host != "localhost" {
+			return storeSpec{}, usagef("--store %s: a file URL names a local directory: file:///path (three slashes)", display)
+		}
+		if u.Path == "" || !filepath.IsAbs(u.Path) {
+			return storeSpec{}, usagef("--store %s: want an absolute directory: file:///path", display)
+		}
+		return storeSpec{kind: fileStore, dir: filepath.Clean(u.Path), raw: raw, display: display}, nil
+	default:
+		return storeSpec{}, usagef("--store %s: unknown scheme %q; want postgres://…, postgresql://… or file:///dir", display, scheme)
+	}
+}
+
+// checkStrategy validates --strategy for spec.
+func checkStrategy(spec storeSpec, strategy string) error {
+	switch strategy {
+	case "", strategyLease:
+		return nil
+	case strategyAdvisory:
+		if spec.kind != postgresStore {
+			return usagef("--strategy applies to PostgreSQL stores only")
+		}
+		return usagef("--strategy advisory is not available yet; use --strategy lease (the default)")
+	default:
+		if spec.kind != postgresStore {
+			return usagef("--strategy applies to PostgreSQL stores only")
+		}
+		return usagef("--strategy %q: want lease", strategy)
+	}
+}
+
+// openStore opens the store spec names.
+func openStore(ctx context.Context, spec storeSpec, log *slog.Logger) (*openedStore, error) {
+	return openStoreFor(ctx, spec, log, false)
+}
+
+// openStoreFor opens the store; forMigrate skips the check that a
+// PostgreSQL schema exists.
+func openStoreFor(ctx context.Context, spec storeSpec, log *slog.Logger, forMigrate bool) (*openedStore, error) {
+	switch spec.kind {
+	case fileStore:
+		fs, err := filelock.Open(spec.dir)
+		if err != nil {
+			return nil, fmt.Errorf("opening the embedded store in %s: %w", spec.dir, err)
+		}
+		log.Debug("store opened", slog.String("store", spec.display))
+		return &openedStore{
+			Store:   fs,
+			kind:    fileStore,
+			display: spec.display,
+			id:      "file:" + fs.Dir(),
+			close:   func() { _ = fs.Close() },
+		}, nil
+	case postgresStore:
+		return openPostgres(ctx, spec, log, forMigrate)
+	}
+	return nil, errors.New("unknown store kind")
+}

@@ -1,0 +1,36 @@
+package main
+
+// mainUsage is "leader help".
+const mainUsage = `leader runs any program as a singleton: among all the "leader run" instances
+started with one election name, on one host or many, exactly one runs its
+command at a time, and another takes over when it dies or steps down.
+
+Usage:
+  leader run     --name NAME [flags] -- CMD [ARGS...]   run CMD only while this instance leads
+  leader once    --name NAME [flags] -- CMD [ARGS...]   run CMD on one host per cron firing
+  leader status  --name NAME [--json]                   show the current leader
+  leader watch   --name NAME [--json]                   print a line each time the leader changes
+  leader migrate                                        create or update the PostgreSQL schema
+  leader demo    [--store URL]                          watch a failover and a handover, live
+  leader help    [COMMAND]                              this text, or a command's
+
+Stores (--store URL, or $LEADER_STORE):
+  postgres://user:password@host:5432/db   PostgreSQL (also postgresql://…), for several hosts;
+                                          run "leader migrate" once first
+  file:///some/dir                        the embedded store: a file lock in a local
+                                          directory, for processes on one host
+  (none)                                  the embedded store in ` + defaultStoreDirHelp + `
+Passwords in store URLs are never printed or logged.
+
+Logs go to stderr through slog: --log-format text (default) or json,
+--log-level debug|info|warn|error.
+
+Exit codes:
+  0        success
+  1        runtime error (for example the store cannot be opened)
+  2        usage error: unknown command, bad flag, missing --name or command
+  N        run/once: the command's own exit code; 128+N if signal N ended it;
+           126/127 if it could not be executed / was not found
+
+Run "leader help COMMAND" or "leader COMMAND -h" for a command's flags.
+`
