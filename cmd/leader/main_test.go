@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/leaderelect/leader/internal/pgtest"
 )
 
 // leaderBin is the leader binary the end-to-end tests run, built once by
@@ -36,14 +36,8 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
-	code := m.Run()
+	code := pgtest.Run(m) // stops the shared PostgreSQL and checks for leaked goroutines
 	os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goroutines leaked by the tests: %v\n", err)
-			code = 1
-		}
-	}
 	os.Exit(code)
 }
 

@@ -12,16 +12,16 @@ import (
 	"github.com/leaderelect/leader/internal/pgtest"
 )
 
-// TestPostgres runs the end-to-end scenarios on PostgreSQL, on one throwaway
-// cluster shared by its subtests (each with a database of its own).
+// TestPostgres runs the end-to-end scenarios on PostgreSQL: the test
+// binary's shared server (a throwaway cluster, or LEADER_TEST_DATABASE_URL),
+// with a database of its own for each subtest.
 func TestPostgres(t *testing.T) {
 	t.Parallel()
-	cluster := pgtest.NewCluster(t)
 
 	// migrated returns a fresh database's URL, migrated with "leader migrate".
 	migrated := func(t *testing.T, e *env) string {
 		t.Helper()
-		u := cluster.NewDatabase(t)
+		u := pgtest.NewDatabase(t)
 		out, stderr, code := e.run("migrate", "--store", u)
 		if code != 0 || !strings.Contains(out, "up to date") {
 			t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
@@ -32,7 +32,7 @@ func TestPostgres(t *testing.T) {
 	t.Run("migrate is needed first, and may run again", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
-		u := cluster.NewDatabase(t)
+		u := pgtest.NewDatabase(t)
 		_, stderr, code := e.run("status", "--store", u, "--name", "x")
 		if code != exitFailure || !strings.Contains(stderr, `run "leader migrate"`) {
 			t.Errorf("status before migrate: exit %d\n%s", code, stderr)
@@ -82,8 +82,11 @@ func TestPostgres(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		const secret = "An0therS3cretPw"
-		u.User = url.UserPassword(u.User.Username(), secret) // the test cluster trusts local connections
+		secret, ok := u.User.Password()
+		if !ok || secret == "" {
+			secret = "An0therS3cretPw"
+			u.User = url.UserPassword(u.User.Username(), secret) // the throwaway cluster trusts local connections
+		}
 		withPW := u.String()
 		_, stderr, code := e.run("run", "--store", withPW, "--name", "pw", "--log-level", "debug", "--", "true")
 		if code != 0 {

@@ -64,12 +64,16 @@ var shared struct {
 // end, even if they failed, and then, if they passed, fails the binary if
 // goroutines are still running that the tests started (goleak). Call it from
 // TestMain; it does not return.
-func Main(m *testing.M) {
+func Main(m *testing.M) { os.Exit(Run(m)) }
+
+// Run is Main for a TestMain with work of its own to do afterwards: it
+// returns the exit code instead of exiting.
+func Run(m *testing.M) (code int) {
 	shared.mu.Lock()
 	shared.main = true
 	shared.mu.Unlock()
 
-	code := m.Run()
+	code = m.Run()
 
 	shared.mu.Lock()
 	c := shared.cluster
@@ -90,7 +94,7 @@ func Main(m *testing.M) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // Shared returns the test binary's shared server, starting it on first use:
