@@ -37,14 +37,14 @@ type Status struct {
 	// Term is the fencing term of the observed leader's grant.
 	Term uint64 `json:"term"`
 	// AcquiredAt is when the observed leader was granted the lease, on the
-	// store's clock.
-	AcquiredAt time.Time `json:"acquired_at"`
+	// store's clock. Times not known are zero (and left out of JSON).
+	AcquiredAt time.Time `json:"acquired_at,omitzero"`
 	// ExpiresAt is when the observed leader's lease runs out unless renewed,
 	// on the store's clock, as last reported.
-	ExpiresAt time.Time `json:"expires_at"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	// LastContact is when a store call last succeeded, on this host's clock;
 	// zero before the first. Health checks can compare it with the TTL.
-	LastContact time.Time `json:"last_contact"`
+	LastContact time.Time `json:"last_contact,omitzero"`
 }
 
 // Elector campaigns for one name on a Store, leads while it holds the lease,

@@ -32,7 +32,7 @@ type electionSetup struct {
 }
 
 // newElection migrates a fresh database and returns a store on it.
-func newElection(t *testing.T) electionSetup {
+func newElection(t testing.TB) electionSetup {
 	t.Helper()
 	pool := pgtest.NewPool(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -49,7 +49,7 @@ func newElection(t *testing.T) electionSetup {
 }
 
 // elector returns an Elector for instance on store, recording its history.
-func (s electionSetup) elector(t *testing.T, store leader.Store, name, instance, id string, ttl time.Duration, edit ...func(*leader.Config)) *leader.Elector {
+func (s electionSetup) elector(t testing.TB, store leader.Store, name, instance, id string, ttl time.Duration, edit ...func(*leader.Config)) *leader.Elector {
 	t.Helper()
 	cfg := leader.Config{Name: name, ID: id, TTL: ttl, Logger: slog.New(slog.DiscardHandler)}
 	cfg.OnElected, cfg.OnDemoted = s.history.Hooks(t, instance)
