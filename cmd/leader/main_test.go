@@ -205,19 +205,6 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	}
 }
 
-// alive reports whether pid runs (exists and is not a zombie).
-func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] != 'Z'
-	}
-	return true
-}
-
 // childScript is the command the tests elect. At start it checks that no
 // process logged by an earlier child (children and their own children) still
 // runs, and logs "overlap" if one does; then it starts a grandchild, logs
@@ -292,7 +279,7 @@ func (l childLog) String() string {
 func (l childLog) running() []int {
 	var out []int
 	for _, ev := range l.events() {
-		if ev.kind == "pid" && len(ev.fields) > 2 && ev.fields[2] == "child" && alive(ev.pid) {
+		if ev.kind == "pid" && len(ev.fields) > 2 && ev.fields[2] == "child" && pidAlive(ev.pid) {
 			out = append(out, ev.pid)
 		}
 	}

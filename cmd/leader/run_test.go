@@ -46,7 +46,7 @@ func failover(t *testing.T, e *env, store, ttl string, takeoverLimit, handoverLi
 	})
 	second := log.starts()[1]
 	takeover := second.at.Sub(killedAt)
-	if alive(first.pid) {
+	if pidAlive(first.pid) {
 		t.Errorf("the killed leader's child %d still runs", first.pid)
 	}
 	log.checkNoOverlap()
