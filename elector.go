@@ -259,7 +259,11 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 		}
 
 		sent = time.Now()
-		callCtx, cancel := context.WithTimeout(ctx, e.cfg.RenewInterval)
+		// The attempt is not cut short when ctx ends, only by its timeout:
+		// a write cancelled on the client may still commit on the server,
+		// granting the lease to an instance that has gone, and nobody would
+		// lead until it ran out. Finished, a grant is released below.
+		callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewInterval)
 		lease, granted, err := e.store.Acquire(callCtx, e.cfg.Name, e.cand, e.cfg.TTL)
 		cancel()
 		e.recordCall("acquire", sent, err)

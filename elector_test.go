@@ -1,7 +1,6 @@
 package leader_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
 	"github.com/leaderelect/leader/leadertest"
 )
 
@@ -82,13 +82,7 @@ func TestElector(t *testing.T) {
 		}
 		eventually(t, 3*time.Second, "a leader", func() bool { return len(leaders(es)) == 1 })
 		// Watch for a while: through several renewals, never two.
-		end := time.Now().Add(1500 * time.Millisecond)
-		for time.Now().Before(end) {
-			if n := len(leaders(es)); n > 1 {
-				t.Fatalf("%d leaders at once", n)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		electortest.Never(t, 1500*time.Millisecond, "two leaders at once", func() bool { return len(leaders(es)) > 1 })
 		if n := len(h.Elections()); n != 1 {
 			t.Errorf("%d elections while the leader renewed, want 1", n)
 		}
@@ -200,13 +194,7 @@ func TestElector(t *testing.T) {
 			runElector(t, e)
 		}
 		eventually(t, 3*time.Second, "a leader", func() bool { return len(leaders(es)) == 1 })
-		end := time.Now().Add(1500 * time.Millisecond)
-		for time.Now().Before(end) {
-			if n := len(leaders(es)); n > 1 {
-				t.Fatalf("%d leaders with one ID", n)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		electortest.Never(t, 1500*time.Millisecond, "two leaders with one ID", func() bool { return len(leaders(es)) > 1 })
 		if n := len(h.Elections()); n != 1 {
 			t.Errorf("%d elections, want 1: instances with the same ID took the lease from each other", n)
 		}
@@ -494,10 +482,40 @@ func TestSafety(t *testing.T) {
 		}
 	})
 
+	t.Run("stopping during a campaign attempt does not leave the lease to an instance that has gone", func(t *testing.T) {
+		t.Parallel()
+		// A store that commits a grant even when its caller gave up, as a
+		// database does with a statement whose client went away. If Run's
+		// end cut the attempt short, the grant would hold the lease for a
+		// whole TTL with nobody leading.
+		inner := leadertest.NewMemStore()
+		store := newFaultStore(inner)
+		gate := make(chan struct{})
+		store.set(func(f *faultStore) { f.acquireGate, f.acquireEntered = gate, make(chan struct{}, 1) })
+		e, err := leader.New(store, leader.Config{Name: "inflight", ID: "a", TTL: 30 * time.Second, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runElector(t, e)
+		<-store.acquireEntered
+		stopped := make(chan struct{})
+		go func() { stop(); close(stopped) }()
+		time.Sleep(50 * time.Millisecond) // let the stop reach Run while the attempt waits
+		close(gate)
+		<-stopped
+		l, err := inner.Observe(context.Background(), "inflight")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.Held() {
+			t.Errorf("after Run returned, the lease is held by %q for another %v: nobody can lead until it runs out", l.HolderID, l.Remaining)
+		}
+	})
+
 	t.Run("a read-only store makes the leader step down at once and say why", func(t *testing.T) {
 		t.Parallel()
 		store := newFaultStore(leadertest.NewMemStore())
-		var logs syncBuffer
+		var logs electortest.LogBuffer
 		m := &recordingMetrics{}
 		cfg := testConfig("readonly", "a")
 		cfg.Metrics = m
@@ -550,22 +568,4 @@ func TestSafety(t *testing.T) {
 			t.Errorf("demoted %v after the store's lease ran out", at.Sub(expiry))
 		}
 	})
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -41,8 +41,15 @@ type faultStore struct {
 	stuckRenew   chan struct{} // non-nil: Renew blocks until closed, ignoring ctx
 	renewErr     error         // Renew fails with this
 	acquireDelay time.Duration // granted Acquire answers this late
-	calls        map[string]int
-	grants       []time.Time // when the inner store granted, as seen here
+	// acquireGate, when set, holds every Acquire until it is closed or the
+	// call's ctx ends, and then grants in the inner store regardless (as a
+	// database commits a statement whose client went away); the call
+	// returns ctx's error if it ended. acquireEntered is signalled as each
+	// Acquire reaches the gate.
+	acquireGate    chan struct{}
+	acquireEntered chan struct{}
+	calls          map[string]int
+	grants         []time.Time // when the inner store granted, as seen here
 }
 
 func newFaultStore(inner leader.Store) *faultStore {
@@ -71,6 +78,24 @@ func (f *faultStore) enter(op string) (partitioned bool) {
 func (f *faultStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
 	if f.enter("acquire") {
 		return leader.Lease{}, false, fmt.Errorf("fault: %w", leader.ErrUnavailable)
+	}
+	f.mu.Lock()
+	gate, entered := f.acquireGate, f.acquireEntered
+	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+		l, ok, err := f.Store.Acquire(context.WithoutCancel(ctx), name, c, ttl)
+		if ctx.Err() != nil {
+			return leader.Lease{}, false, fmt.Errorf("fault: acquire answered after its context ended: %w", ctx.Err())
+		}
+		return l, ok, err
 	}
 	l, ok, err := f.Store.Acquire(ctx, name, c, ttl)
 	if ok {

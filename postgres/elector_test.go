@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -51,7 +52,11 @@ func newElection(t testing.TB) electionSetup {
 // elector returns an Elector for instance on store, recording its history.
 func (s electionSetup) elector(t testing.TB, store leader.Store, name, instance, id string, ttl time.Duration, edit ...func(*leader.Config)) *leader.Elector {
 	t.Helper()
-	cfg := leader.Config{Name: name, ID: id, TTL: ttl, Logger: slog.New(slog.DiscardHandler)}
+	logger := slog.New(slog.DiscardHandler)
+	if os.Getenv("LEADER_TEST_LOG") != "" {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", instance)
+	}
+	cfg := leader.Config{Name: name, ID: id, TTL: ttl, Logger: logger}
 	cfg.OnElected, cfg.OnDemoted = s.history.Hooks(t, instance)
 	for _, f := range edit {
 		f(&cfg)
@@ -201,7 +206,7 @@ func TestElectorsOnPostgres(t *testing.T) {
 	t.Run("a leader on a database turned read-only steps down at once and says why", func(t *testing.T) {
 		t.Parallel()
 		s := newElection(t)
-		var logs lockedBuffer
+		var logs electortest.LogBuffer
 		a := s.elector(t, s.store, "ro", "a", "a", 30*time.Second, func(c *leader.Config) {
 			c.RenewInterval = 100 * time.Millisecond
 			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -240,9 +245,18 @@ func TestElectorsOnPostgres(t *testing.T) {
 			start(i, 0)
 		}
 		rng := rand.New(rand.NewPCG(1, 2))
-		for gen := 1; gen <= 25; gen++ {
+		for gen := 1; gen <= 30; gen++ {
 			i := rng.IntN(n)
-			switch rng.IntN(3) {
+			if rng.IntN(2) == 0 { // aim at the leader half the time
+				for j, sl := range slots {
+					if sl.e.IsLeader() {
+						i = j
+					}
+				}
+			}
+			act := rng.IntN(3)
+			t.Logf("gen %d: slot %d leader=%v act=%d elections=%d", gen, i, slots[i].e.IsLeader(), act, len(s.history.Elections()))
+			switch act {
 			case 0:
 				slots[i].stop()
 				start(i, gen)
@@ -257,7 +271,7 @@ func TestElectorsOnPostgres(t *testing.T) {
 		for i := range n {
 			slots[i].stop()
 		}
-		if len(s.history.Elections()) < 3 {
+		if len(s.history.Elections()) < 5 {
 			t.Errorf("only %d elections: the churn did not exercise handovers", len(s.history.Elections()))
 		}
 	})
@@ -297,22 +311,4 @@ func (c *crashStore) Release(ctx context.Context, name, token string, term uint6
 		return errCrashed
 	}
 	return c.Store.Release(ctx, name, token, term)
-}
-
-// lockedBuffer collects log output from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -6,6 +6,7 @@ package electortest
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -166,4 +167,25 @@ func Never(t testing.TB, during time.Duration, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond) // poll interval
 	}
+}
+
+// LogBuffer collects log output written from several goroutines, for tests
+// that check what an Elector logged.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+// Write implements io.Writer.
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
