@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader/postgres"
@@ -41,6 +42,13 @@ func postgresPool(ctx context.Context, spec storeSpec) (*pgxpool.Pool, string, e
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > connectTimeout {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	// A call whose context ends has its statement cancelled on the server
+	// too, so a renewal or acquire that timed out waiting for a row lock
+	// does not commit later (see the postgres package's Errors section).
+	// The connection is cut after a second if the server does not answer.
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: time.Second}
 	}
 	id := "postgres:" + net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))) + "/" + cfg.ConnConfig.Database
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
