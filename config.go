@@ -124,6 +124,7 @@ type ConfigError struct {
 	Value any    // the value given
 }
 
+// Error says which field breaks which rule, and its value.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("leader: invalid Config.%s %s: %s", e.Field, formatValue(e.Value), e.Rule)
 }

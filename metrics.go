@@ -43,7 +43,14 @@ type Metrics interface {
 // NopMetrics implements Metrics and does nothing.
 type NopMetrics struct{}
 
-func (NopMetrics) StatusChanged(string, bool)                     {}
-func (NopMetrics) Acquired(string, uint64)                        {}
-func (NopMetrics) Lost(string, LossReason)                        {}
+// StatusChanged does nothing.
+func (NopMetrics) StatusChanged(string, bool) {}
+
+// Acquired does nothing.
+func (NopMetrics) Acquired(string, uint64) {}
+
+// Lost does nothing.
+func (NopMetrics) Lost(string, LossReason) {}
+
+// StoreCall does nothing.
 func (NopMetrics) StoreCall(string, string, time.Duration, error) {}

@@ -148,6 +148,7 @@ type OptionsError struct {
 	Value string // the value given
 }
 
+// Error says which option breaks which rule, and its value.
 func (e *OptionsError) Error() string {
 	return fmt.Sprintf("postgres: invalid Options.%s %q: %s", e.Field, e.Value, e.Rule)
 }
