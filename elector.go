@@ -156,13 +156,14 @@ func (e *Elector) RunIfLeader(ctx context.Context, fn func(ctx context.Context) 
 	return fn(fctx)
 }
 
-// Resign steps down now if this instance leads: the leader context is
-// cancelled, OnDemoted runs, the lease is released so another instance can
-// take over at once, and Resign returns. The Elector keeps campaigning, but
-// sits out for one RetryInterval first so that the others get the lease (as
-// it does after every loss).
-// Resign returns ErrNotLeader if this instance does not lead, and ctx.Err() if
-// ctx ends first (stepping down then still completes in the background).
+// Resign steps down now if this instance leads: IsLeader turns false, the
+// leader context is cancelled and OnDemoted runs; then Resign returns. The
+// lease is released, so that another instance takes over at once, as soon as
+// OnElected has returned too; so Resign may be called from OnElected. The
+// Elector keeps campaigning, but sits out for one RetryInterval first so that
+// the others get the lease (as it does after every loss). Resign returns
+// ErrNotLeader if this instance does not lead, and ctx.Err() if ctx ends
+// first (stepping down then still completes in the background).
 func (e *Elector) Resign(ctx context.Context) error {
 	e.mu.Lock()
 	lctx := e.leaderCtx
@@ -380,7 +381,7 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 	var (
 		reason   LossReason
 		lastErr  error
-		handover chan struct{} // closed once resigned and released
+		handover chan struct{} // Resign's; closed once OnDemoted has returned
 		results  = make(chan renewal, 1)
 		inflight bool
 	)
@@ -476,6 +477,11 @@ loop:
 	if e.cfg.OnDemoted != nil {
 		e.cfg.OnDemoted()
 	}
+	if handover != nil {
+		// Resign returns now, not after the release below: the release
+		// waits for OnElected, which may itself be the caller of Resign.
+		close(handover)
+	}
 	e.awaitElected(electedDone, deadline)
 	// A renewal still in flight is cancelled and left to finish on its own
 	// goroutine: a store call that ignores its context must not keep the
@@ -494,9 +500,6 @@ loop:
 		if e.release(ctx, term) {
 			e.observe(Lease{Name: e.cfg.Name, Term: term})
 		}
-	}
-	if handover != nil {
-		close(handover)
 	}
 	return reason
 }

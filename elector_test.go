@@ -177,6 +177,37 @@ func TestElector(t *testing.T) {
 		}
 	})
 
+	t.Run("Resign called from OnElected steps down without deadlocking", func(t *testing.T) {
+		t.Parallel()
+		store := leadertest.NewMemStore()
+		var e *leader.Elector
+		resigned := make(chan error, 1)
+		cfg := testConfig("resign-inside", "a")
+		cfg.OnElected = func(ctx context.Context) {
+			// A job that finishes and hands leadership on, with a context
+			// of its own rather than the leader context.
+			resigned <- e.Resign(context.Background())
+		}
+		var err error
+		e, err = leader.New(store, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runElector(t, e)
+		select {
+		case err := <-resigned:
+			if err != nil {
+				t.Fatalf("Resign from OnElected = %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Resign called from OnElected did not return")
+		}
+		eventually(t, 3*time.Second, "the lease to be released", func() bool {
+			l, err := store.Observe(context.Background(), "resign-inside")
+			return err == nil && (!l.Held() || l.Term > 1)
+		})
+	})
+
 	t.Run("candidates sharing a human ID still elect one leader", func(t *testing.T) {
 		t.Parallel()
 		store := leadertest.NewMemStore()
