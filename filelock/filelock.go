@@ -34,9 +34,8 @@
 // the state that it holds it. When another candidate finds the state held
 // but the leader lock free, the holder has died (or been killed with
 // SIGKILL), and the lease is free at once, long before its expiry. Watchers
-// notice within a poll interval (see [WithPollInterval]), so a follower's
-// Elector takes over a killed leader's name in well under a second whatever
-// the TTL.
+// learn of it at once too (see Wake-ups below), so a follower's Elector takes
+// over a killed leader's name within milliseconds whatever the TTL.
 //
 // Expiry still holds without a death. A holder that is alive but stops
 // renewing loses the lease at its expiry like on any Store: the next
@@ -54,6 +53,35 @@
 // lock for a grant. flock(2) conflicts between open file descriptions, not
 // processes, so several Stores (and Electors) in one process campaign against
 // each other exactly as separate processes do.
+//
+// # Wake-ups
+//
+// A Store wakes the watchers of a name (see [Store.Watch]) at once when it
+// grants or releases the name itself. What other Stores and processes do,
+// and the deaths of holders, it learns from one goroutine, which runs while
+// something is watched and looks at a name the way Observe does: it reads
+// the state and, if the holder recorded that it holds the leader lock, tries
+// that lock. It wakes the name's watchers when the holder, the term or the
+// verdict on the holder's life differs from its last look.
+//
+// On Linux the goroutine looks when the kernel reports, through inotify(7)
+// on the directory, that a name's state file was renamed into place (a
+// grant, renewal or release anywhere) or that its leader lock file was
+// closed by someone: the kernel closes the files of a process that exits or
+// is killed, which is how a holder's death shows. Wake-ups then come within
+// a millisecond or so. Those reports are only hints to look; all they save
+// is waiting. The goroutine also looks at a held lease at its expiry, and at
+// every watched name once every poll interval ([WithPollInterval]; one
+// second by default), as a safety net, and at every name after the kernel
+// reports that it dropped reports. It tries the leader locks on files it
+// keeps open: closing them would be reports for every Store watching the
+// directory, whose looks would make more.
+//
+// Elsewhere, or when the Store cannot have an inotify instance (a user has
+// at most fs.inotify.max_user_instances of them, 128 by default, and each
+// Store that watches something uses one), the looks every poll interval
+// ([DefaultPollInterval], 50ms, by default) are how it learns of changes,
+// and wake-ups come up to that late; it says nothing about it.
 //
 // # Clock
 //
@@ -92,6 +120,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leaderelect/leader"
@@ -102,45 +131,66 @@ import (
 // still leading on a closed Store steps down at its next renewal.
 var ErrClosed = errors.New("filelock: store closed")
 
-// DefaultPollInterval is how often a Store checks the names it watches for
-// grants, releases and dead holders, unless WithPollInterval says otherwise.
+// DefaultPollInterval is how often a Store that cannot learn of changes
+// from the kernel checks each name it watches for grants, releases and dead
+// holders, unless WithPollInterval says otherwise. A Store that can (on
+// Linux, with inotify(7); see Wake-ups in the package doc) checks them once
+// a second by default, as a safety net.
 const DefaultPollInterval = 50 * time.Millisecond
+
+// notifyPollInterval is the default interval of the safety-net checks of a
+// Store that watches its directory with inotify(7).
+const notifyPollInterval = time.Second
 
 // Option configures Open.
 type Option func(*options)
 
 type options struct {
 	pollInterval time.Duration
+	pollSet      bool // WithPollInterval was given
+	noNotify     bool // poll only, as where inotify is unavailable (tests)
 }
 
-// WithPollInterval sets how often the Store checks each watched name for a
-// grant, a release or a holder that died: a follower's wake-up comes at most
-// this late. Each check reads a small file and tries a lock or two, without
-// waiting. Default DefaultPollInterval (50ms); at least 1ms.
+// WithPollInterval sets how often the Store checks every watched name for a
+// grant, a release or a holder that died. Where it cannot learn of changes
+// from the kernel (outside Linux, or without an inotify(7) instance, for
+// example when the user has fs.inotify.max_user_instances of them open
+// already), these checks are how it learns of changes made by other Stores
+// and processes, and a follower's wake-up comes at most this late; on Linux
+// the kernel tells it within a millisecond or so, and the checks are a
+// safety net. Each check reads a small file and tries a lock or two, without
+// waiting. Default DefaultPollInterval (50ms) without inotify, one second
+// with it; an interval given applies in both cases. At least 1ms.
 func WithPollInterval(d time.Duration) Option {
-	return func(o *options) { o.pollInterval = d }
+	return func(o *options) { o.pollInterval, o.pollSet = d, true }
 }
 
 // Store is a leader.Store kept in a directory on the local host. Create one
 // with Open; many Stores, in one process or many, may share a directory. A
 // Store's methods are safe for concurrent use. Close it when done.
 type Store struct {
-	dir  string
-	poll time.Duration
-	boot string // this boot's ID, or "" if unknown
+	dir        string
+	poll       time.Duration // between checks of every watched name, without inotify
+	notifyPoll time.Duration // between checks of every watched name, with inotify
+	noNotify   bool          // never use inotify
+	boot       string        // this boot's ID, or "" if unknown
 
 	mu       sync.Mutex
 	closed   bool
 	names    map[string]*entry
 	watchers map[string]map[chan struct{}]func() bool // name -> channel -> stops its context.AfterFunc
 	polling  bool                                     // pollLoop is running
+	changed  chan struct{}                            // (1) tells pollLoop that the watched names changed
 	stop     chan struct{}                            // closed by Close
 	pollers  sync.WaitGroup
+
+	checks atomic.Uint64 // looks pollLoop took at names, for tests
 }
 
 // entry is a Store's local record of one name.
 type entry struct {
 	name string
+	file string // the name's encoding: its files' names, less their suffix
 	base string // path of the name's files, less their suffix
 
 	// sem is held by one call on this name at a time, within this Store;
@@ -169,9 +219,13 @@ var _ leader.Store = (*Store)(nil)
 // "nightly-report" is kept in nightly-report.state and "Jobs/Nightly" in
 // %4Aobs%2F%4Eightly.state.
 func Open(dir string, opts ...Option) (*Store, error) {
-	o := options{pollInterval: DefaultPollInterval}
+	var o options
 	for _, opt := range opts {
 		opt(&o)
+	}
+	notifyPoll := o.pollInterval
+	if !o.pollSet {
+		o.pollInterval, notifyPoll = DefaultPollInterval, notifyPollInterval
 	}
 	if dir == "" {
 		return nil, errors.New("filelock: Open: dir is empty")
@@ -201,12 +255,15 @@ func Open(dir string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("filelock: Open: reading the clock: %w", err)
 	}
 	return &Store{
-		dir:      dir,
-		poll:     o.pollInterval,
-		boot:     bootID(),
-		names:    make(map[string]*entry),
-		watchers: make(map[string]map[chan struct{}]func() bool),
-		stop:     make(chan struct{}),
+		dir:        dir,
+		poll:       o.pollInterval,
+		notifyPoll: notifyPoll,
+		noNotify:   o.noNotify,
+		boot:       bootID(),
+		names:      make(map[string]*entry),
+		watchers:   make(map[string]map[chan struct{}]func() bool),
+		changed:    make(chan struct{}, 1),
+		stop:       make(chan struct{}),
 	}, nil
 }
 
@@ -494,9 +551,11 @@ func (s *Store) entry(name string) (*entry, error) {
 	}
 	e, ok := s.names[name]
 	if !ok {
+		file := encodeName(name)
 		e = &entry{
 			name: name,
-			base: filepath.Join(s.dir, encodeName(name)),
+			file: file,
+			base: filepath.Join(s.dir, file),
 			sem:  make(chan struct{}, 1),
 		}
 		s.names[name] = e
@@ -531,11 +590,9 @@ func (s *Store) load(e *entry) (state, reading, error) {
 // still held. If the lock was free, held returns it locked (freed), and the
 // caller keeps it for a grant or unlocks it. The caller holds the state lock.
 func (s *Store) held(e *entry, st *state, now reading) (held bool, freed *os.File, err error) {
-	if st.Token == "" || !st.unexpired(s.boot, now) {
-		return false, nil, nil
-	}
-	if !st.LeaderLock || (e.leader != nil && e.leaderToken == st.Token) {
-		return true, nil, nil
+	named, check := s.holder(e, st, now)
+	if !check {
+		return named, nil, nil
 	}
 	lock, err := tryLockFile(e.base + leaderLockSuffix)
 	if err != nil {
@@ -545,6 +602,18 @@ func (s *Store) held(e *entry, st *state, now reading) (held bool, freed *os.Fil
 		return true, nil, nil // the holder's process has it
 	}
 	return false, lock, nil // the holder's process is gone
+}
+
+// holder judges st at now by the state alone: whether it names a holder
+// whose lease has time left (named), and if so whether that holder's life
+// must be checked by trying the leader lock (check): the holder recorded
+// that it holds the lock, and it is not this Store that holds it for the
+// holder.
+func (s *Store) holder(e *entry, st *state, now reading) (named, check bool) {
+	if st.Token == "" || !st.unexpired(s.boot, now) {
+		return false, false
+	}
+	return true, st.LeaderLock && (e.leader == nil || e.leaderToken != st.Token)
 }
 
 // checkHolder returns nil if st is held at now by token under term, and an

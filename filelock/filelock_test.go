@@ -246,6 +246,26 @@ func TestTwoStoresInOneProcess(t *testing.T) {
 	})
 }
 
+// TestWatcherWakesAtExpiry: a watcher wakes when a lease held through
+// another Store expires, soon after its expiry, whatever the poll interval.
+func TestWatcherWakesAtExpiry(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	a := open(t, dir)
+	s := open(t, dir, filelock.WithPollInterval(time.Hour))
+	const ttl = 300 * time.Millisecond
+	mustAcquire(t, a, "job", newCandidate("alice"), ttl)
+	ch, err := s.Watch(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for mustObserve(t, s, "job").Held() {
+		waitWake(t, ch, ttl+2*time.Second-time.Since(start), "at the lease's expiry")
+	}
+	t.Logf("watcher saw the lease (TTL %v) expire %v after it started watching", ttl, time.Since(start))
+}
+
 func TestExpiryWhileHolderLives(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

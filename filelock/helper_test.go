@@ -1,9 +1,9 @@
 package filelock_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"time"
@@ -23,7 +23,8 @@ const (
 
 // helperMain is the child: it acquires the name, prints "granted <term>",
 // and then holds the lease without ever renewing it until its standard input
-// closes or it is killed. It returns the exit code.
+// closes or it is killed; a line "release" on its standard input makes it
+// release the lease and print "released". It returns the exit code.
 func helperMain() int {
 	ttl, err := time.ParseDuration(os.Getenv(helperTTLEnv))
 	if err != nil {
@@ -38,13 +39,27 @@ func helperMain() int {
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	l, granted, err := s.Acquire(ctx, os.Getenv(helperNameEnv), newCandidate(os.Getenv(helperIDEnv)), ttl)
+	name, c := os.Getenv(helperNameEnv), newCandidate(os.Getenv(helperIDEnv))
+	l, granted, err := s.Acquire(ctx, name, c, ttl)
 	if err != nil || !granted {
 		fmt.Fprintf(os.Stderr, "helper: acquire: granted %v, err %v, holder %q\n", granted, err, l.HolderID)
 		return 2
 	}
 	fmt.Printf("granted %d\n", l.Term)
-	_, _ = io.Copy(io.Discard, os.Stdin)
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if in.Text() != "release" {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		err := s.Release(ctx, name, c.Token, l.Term)
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "helper: release:", err)
+			return 2
+		}
+		fmt.Println("released")
+	}
 	return 0
 }
 

@@ -21,7 +21,7 @@ import (
 // holder is a child process holding a lease.
 type holder struct {
 	cmd    *exec.Cmd
-	stdin  io.Closer
+	stdin  io.WriteCloser
 	stderr bytes.Buffer
 	term   uint64
 }
@@ -79,6 +79,15 @@ func (h *holder) kill() {
 	_ = h.cmd.Process.Kill()
 	_ = h.stdin.Close()
 	_ = h.cmd.Wait()
+}
+
+// release tells the child to release the lease. It does not wait for the
+// release.
+func (h *holder) release(t *testing.T) {
+	t.Helper()
+	if _, err := io.WriteString(h.stdin, "release\n"); err != nil {
+		t.Fatalf("telling the child to release: %v", err)
+	}
 }
 
 // alive reports whether the child is still running.
