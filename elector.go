@@ -45,6 +45,12 @@ type Status struct {
 	// LastContact is when a store call last succeeded, on this host's clock;
 	// zero before the first. Health checks can compare it with the TTL.
 	LastContact time.Time `json:"last_contact,omitzero"`
+	// StopAt, while this instance leads, is when it will stop leading
+	// unless a renewal succeeds first: its local deadline minus StopGrace.
+	// It is read on this process's monotonic clock: compare it only with
+	// time.Now or time.Until in this process. Zero when not leading. A
+	// supervisor of leader work can use it as a dead-man's switch.
+	StopAt time.Time `json:"-"`
 }
 
 // Elector campaigns for one name on a Store, leads while it holds the lease,
@@ -59,7 +65,7 @@ type Elector struct {
 	cand  Candidate
 	log   *slog.Logger
 
-	resignCh chan chan struct{} // Resign -> lead loop; the inner channel is closed when handed over
+	resignCh chan resignRequest // Resign -> lead loop
 	pubCh    chan Status        // latest status for OnNewLeader, capacity 1
 
 	mu        sync.Mutex
@@ -94,7 +100,7 @@ func New(store Store, cfg Config) (*Elector, error) {
 		store:    store,
 		cand:     Candidate{ID: cfg.ID, Token: token},
 		log:      cfg.Logger.With(slog.String("election", cfg.Name), slog.String("id", cfg.ID)),
-		resignCh: make(chan chan struct{}),
+		resignCh: make(chan resignRequest),
 		pubCh:    make(chan Status, 1),
 	}
 	e.status = Status{Name: cfg.Name, ID: cfg.ID}
@@ -171,20 +177,27 @@ func (e *Elector) Resign(ctx context.Context) error {
 	if lctx == nil {
 		return ErrNotLeader
 	}
-	done := make(chan struct{})
+	req := resignRequest{leader: lctx, done: make(chan error, 1)}
 	select {
-	case e.resignCh <- done:
+	case e.resignCh <- req:
 	case <-lctx.Done():
 		return ErrNotLeader
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	select {
-	case <-done:
-		return nil
+	case err := <-req.done:
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// resignRequest asks the lead loop to step down from the leadership whose
+// context is leader (and no later one); done receives the outcome.
+type resignRequest struct {
+	leader context.Context
+	done   chan error
 }
 
 // Run campaigns, leads and campaigns again after each loss, until ctx ends.
@@ -347,24 +360,46 @@ type renewal struct {
 // lead holds the lease granted at sent until it is lost, then steps down and
 // returns why. It implements DESIGN.md invariants 1 and 5: the local deadline
 // is sent+TTL-DriftMargin on the monotonic clock, every renewal is bounded by
-// the time left before stopping, and the leader context is cancelled at the
-// stop point even if a renewal call never returns.
+// the time left before stopping, and at the stop point a timer of its own
+// ends leadership, whatever the store, the logger or the metrics are doing.
 func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossReason {
 	term := lease.Term
 	deadline := sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
 	stopAt := deadline.Add(-e.cfg.StopGrace)
 
-	// The leader context is not a child of ctx: it is cancelled below, after
-	// IsLeader has turned false, with the reason as its cause.
+	// The leader context is not a child of ctx: it is cancelled by end,
+	// after IsLeader has turned false, with the reason as its cause.
 	lctx, cancelLeader := context.WithCancelCause(withTerm(context.WithoutCancel(ctx), term))
+	// end ends this leadership: IsLeader turns false, then the leader
+	// context is cancelled. It may run more than once and on any goroutine;
+	// it never blocks, logs or calls out, so nothing can delay it.
+	end := func(reason string) {
+		e.mu.Lock()
+		if e.leaderCtx == lctx {
+			e.status.IsLeader = false
+			e.status.StopAt = time.Time{}
+			e.leaderCtx = nil
+		}
+		e.mu.Unlock()
+		cancelLeader(fmt.Errorf("%w: leadership lost (%s)", ErrNotLeader, reason))
+	}
 	e.mu.Lock()
 	e.status.IsLeader = true
 	e.status.Leader = e.cfg.ID
 	e.status.Term = term
 	e.status.AcquiredAt = lease.AcquiredAt
 	e.status.ExpiresAt = lease.ExpiresAt
+	e.status.StopAt = stopAt
 	e.leaderCtx = lctx
 	e.mu.Unlock()
+	// At the stop point leadership ends on the timer's own goroutine; the
+	// loop below only learns of it through stopped.
+	stopped := make(chan struct{})
+	stopTimer := time.AfterFunc(time.Until(stopAt), func() {
+		end("no renewal before the local deadline")
+		close(stopped)
+	})
+	defer stopTimer.Stop()
 	e.cfg.Metrics.Acquired(e.cfg.Name, term)
 	e.cfg.Metrics.StatusChanged(e.cfg.Name, true)
 	e.log.Info("elected", slog.Uint64("term", term), slog.Time("expires_at", lease.ExpiresAt))
@@ -381,32 +416,46 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 	var (
 		reason   LossReason
 		lastErr  error
-		handover chan struct{} // Resign's; closed once OnDemoted has returned
+		resigned chan error // Resign's; answered once OnDemoted has returned
 		results  = make(chan renewal, 1)
 		inflight bool
 	)
-	// Renewal calls run on their own goroutine so that the stop timer fires
-	// even if a call outlives its context; rpcs cancels any in flight.
+	// Renewal calls run on their own goroutine so that the loop is free to
+	// notice the stop point even if a call outlives its context; rpcs
+	// cancels any in flight.
 	rpcs, cancelRPCs := context.WithCancel(ctx)
 	defer cancelRPCs()
 	next := sent.Add(e.cfg.RenewInterval)
 	timer := time.NewTimer(time.Until(next))
-	stopTimer := time.NewTimer(time.Until(stopAt))
+	defer timer.Stop()
+	// stop ends leadership at once, then lets the loop log why.
+	stop := func(r LossReason) LossReason {
+		end(string(r))
+		return r
+	}
+	// conn_lost or error, for a stop point reached after failed renewals.
+	unreachable := func() LossReason {
+		if lastErr != nil && !errors.Is(lastErr, context.DeadlineExceeded) && !errors.Is(lastErr, ErrUnavailable) {
+			return LossError
+		}
+		return LossConnLost
+	}
 loop:
 	for {
 		select {
 		case <-ctx.Done():
-			reason = LossShutdown
+			reason = stop(LossShutdown)
 			break loop
-		case handover = <-e.resignCh:
-			reason = LossResigned
-			break loop
-		case <-stopTimer.C:
-			reason = LossConnLost
-			if lastErr != nil && !errors.Is(lastErr, context.DeadlineExceeded) && !errors.Is(lastErr, ErrUnavailable) {
-				reason = LossError
+		case req := <-e.resignCh:
+			if req.leader != lctx {
+				req.done <- ErrNotLeader // meant for a leadership already over
+				continue
 			}
-			e.log.Error("could not renew before the local deadline; stepping down",
+			reason, resigned = stop(LossResigned), req.done
+			break loop
+		case <-stopped:
+			reason = unreachable()
+			e.log.Error("could not renew before the local deadline; stepped down",
 				slog.Uint64("term", term), slog.Any("error", lastErr))
 			break loop
 		case <-timer.C:
@@ -427,29 +476,40 @@ loop:
 			inflight = false
 			switch {
 			case r.err == nil:
+				// Extend only if the stop point has not passed: once the
+				// timer has fired (Stop reports false), leadership is over
+				// whatever the store says now.
+				if !stopTimer.Stop() {
+					<-stopped
+					reason = unreachable()
+					e.log.Error("renewed only after the local deadline; stepped down",
+						slog.Uint64("term", term), slog.Any("error", lastErr))
+					break loop
+				}
 				deadline = r.sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
 				stopAt = deadline.Add(-e.cfg.StopGrace)
 				stopTimer.Reset(time.Until(stopAt))
 				next = r.sent.Add(e.cfg.RenewInterval)
+				e.mu.Lock()
+				e.status.ExpiresAt = r.lease.ExpiresAt
+				e.status.StopAt = stopAt
+				e.mu.Unlock()
 				if lastErr != nil {
 					e.log.Info("renewed again after failures", slog.Uint64("term", term))
 				}
 				lastErr = nil
-				e.mu.Lock()
-				e.status.ExpiresAt = r.lease.ExpiresAt
-				e.mu.Unlock()
 			case errors.Is(r.err, ErrLeaseLost):
-				reason = LossExpired
-				e.log.Error("lease lost: the store no longer has it held by this instance; stepping down",
+				reason = stop(LossExpired)
+				e.log.Error("lease lost: the store no longer has it held by this instance; stepped down",
 					slog.Uint64("term", term), slog.Any("error", r.err))
 				break loop
 			case errors.Is(r.err, ErrReadOnly):
-				reason = LossError
-				e.log.Error("store is read-only (for example a replica or a database in recovery); stepping down",
+				reason = stop(LossError)
+				e.log.Error("store is read-only (for example a replica or a database in recovery); stepped down",
 					slog.Uint64("term", term), slog.Any("error", r.err))
 				break loop
 			case ctx.Err() != nil:
-				reason = LossShutdown
+				reason = stop(LossShutdown)
 				break loop
 			default:
 				lastErr = r.err
@@ -460,27 +520,21 @@ loop:
 			timer.Reset(time.Until(next))
 		}
 	}
-	timer.Stop()
-	stopTimer.Stop()
 
-	// Step down: IsLeader turns false, then the leader context is cancelled,
-	// then OnDemoted runs, then OnElected is awaited; only then is the lease
-	// released, so work never overlaps the next leader's after a handover.
-	e.mu.Lock()
-	e.status.IsLeader = false
-	e.leaderCtx = nil
-	e.mu.Unlock()
-	cancelLeader(fmt.Errorf("%w: leadership lost (%s)", ErrNotLeader, reason))
+	// Leadership has ended: IsLeader is false and the leader context is
+	// cancelled. Now OnDemoted runs, then OnElected is awaited; only then is
+	// the lease released, so work never overlaps the next leader's after a
+	// handover.
 	e.cfg.Metrics.StatusChanged(e.cfg.Name, false)
 	e.cfg.Metrics.Lost(e.cfg.Name, reason)
 	e.log.Info("demoted", slog.Uint64("term", term), slog.String("reason", string(reason)))
 	if e.cfg.OnDemoted != nil {
 		e.cfg.OnDemoted()
 	}
-	if handover != nil {
+	if resigned != nil {
 		// Resign returns now, not after the release below: the release
 		// waits for OnElected, which may itself be the caller of Resign.
-		close(handover)
+		resigned <- nil
 	}
 	e.awaitElected(electedDone, deadline)
 	// A renewal still in flight is cancelled and left to finish on its own

@@ -491,6 +491,55 @@ func TestSafety(t *testing.T) {
 		close(stuck)
 	})
 
+	t.Run("a logger that blocks cannot keep a leader past its stop point", func(t *testing.T) {
+		t.Parallel()
+		// Logs shipped over the network stall in the same outage that cut
+		// the leader off from its store; stepping down must not wait for
+		// them.
+		store := leadertest.NewMemStore()
+		faulty := newFaultStore(store)
+		logs := &blockingHandler{unblock: make(chan struct{})}
+		var aCtx atomic.Value
+		cfgA := testConfig("blocked-log", "a")
+		cfgA.Logger = slog.New(logs)
+		cfgA.OnElected = func(ctx context.Context) { aCtx.Store(ctx) }
+		a, err := leader.New(faulty, cfgA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runElector(t, a)
+		t.Cleanup(logs.release) // before a is stopped: cleanups run last first
+		eventually(t, 3*time.Second, "a to lead", a.IsLeader)
+		eventually(t, 3*time.Second, "a's OnElected", func() bool { return aCtx.Load() != nil })
+
+		type seen struct {
+			aLeads    bool
+			aCtxEnded bool
+		}
+		atElection := make(chan seen, 1)
+		cfgB := testConfig("blocked-log", "b")
+		cfgB.OnElected = func(context.Context) {
+			atElection <- seen{aLeads: a.IsLeader(), aCtxEnded: aCtx.Load().(context.Context).Err() != nil}
+		}
+		b, err := leader.New(store, cfgB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runElector(t, b)
+		eventually(t, 3*time.Second, "b to follow", func() bool { return b.Status().Leader == "a" })
+
+		logs.block()
+		faulty.set(func(f *faultStore) { f.partitioned = true })
+		select {
+		case got := <-atElection:
+			if got.aLeads || !got.aCtxEnded {
+				t.Errorf("when b was elected, a still led (IsLeader %v, leader context ended %v)", got.aLeads, got.aCtxEnded)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("b was never elected")
+		}
+	})
+
 	t.Run("a leader told its lease is gone demotes at once without releasing", func(t *testing.T) {
 		t.Parallel()
 		store := newFaultStore(leadertest.NewMemStore())
@@ -600,3 +649,26 @@ func TestSafety(t *testing.T) {
 		}
 	})
 }
+
+// blockingHandler is a slog.Handler whose Handle blocks, once block has been
+// called, until release.
+type blockingHandler struct {
+	blocked atomic.Bool
+	unblock chan struct{}
+	once    sync.Once
+}
+
+func (h *blockingHandler) block()   { h.blocked.Store(true) }
+func (h *blockingHandler) release() { h.once.Do(func() { close(h.unblock) }) }
+
+func (h *blockingHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *blockingHandler) Handle(context.Context, slog.Record) error {
+	if h.blocked.Load() {
+		<-h.unblock
+	}
+	return nil
+}
+
+func (h *blockingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *blockingHandler) WithGroup(string) slog.Handler      { return h }
