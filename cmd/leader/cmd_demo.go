@@ -1,3 +1,5 @@
+//go:build linux || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+
 package main
 
 import (
@@ -11,7 +13,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -142,9 +143,9 @@ func runDemo(a *app, ctx context.Context, args []string) int {
 		return fail(err)
 	}
 
-	// The candidates get a parent-death signal, tied to the thread that
-	// starts them: keep this goroutine on it, so that a demo killed without
-	// warning takes its candidates (and so their commands) along.
+	// On Linux the candidates get a parent-death signal, tied to the thread
+	// that starts them: keep this goroutine on it, so that a demo killed
+	// without warning takes its candidates (and so their commands) along.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 
@@ -206,7 +207,7 @@ func (d *demo) startCandidate(exe, store, name, id string, ttl time.Duration) (*
 		"--log-format", "json", "--", exe, demoChildCommand.name)
 	// The demo's own store choice wins over the environment.
 	cmd.Env = append(os.Environ(), envStore+"=")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	cmd.SysProcAttr = demoCandidateAttr()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -463,18 +464,6 @@ func (d *demo) cleanup() {
 			break
 		}
 	}
-}
-
-func pidAlive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] != 'Z'
-	}
-	return true
 }
 
 // runDemoChild is the demo candidates' command.

@@ -1,3 +1,5 @@
+//go:build linux || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+
 // Command leader runs any program as a singleton: among all the instances of
 // "leader run" started with one election name, on one host or many, exactly
 // one runs its command at a time, and another takes over when it dies or

@@ -1,3 +1,5 @@
+//go:build linux || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+
 package main
 
 import (
@@ -209,18 +211,37 @@ func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 // process logged by an earlier child (children and their own children) still
 // runs, and logs "overlap" if one does; then it starts a grandchild, logs
 // both pids and its start, and runs until SIGTERM, which it logs.
+//
+// Without /proc (macOS, the BSDs) it tells running processes from zombies
+// with ps, and where date has no %N (macOS) it takes sub-second times from
+// perl or python3.
 const childScript = `
 log="$CHILD_LOG"
+runs() {
+  if [ -r /proc/$$/stat ]; then
+    [ -r /proc/$1/stat ] && [ "$(cut -d' ' -f3 /proc/$1/stat 2>/dev/null)" != Z ]
+  else
+    kill -0 "$1" 2>/dev/null && [ "$(ps -o stat= -p "$1" 2>/dev/null | cut -c1)" != Z ]
+  fi
+}
+now() {
+  t=$(date +%s.%N)
+  case $t in
+  *[!0-9.]*) perl -MTime::HiRes=time -e 'printf "%.6f\n", time' 2>/dev/null ||
+    python3 -c 'import time; print("%.6f" % time.time())' ;;
+  *) echo "$t" ;;
+  esac
+}
 for p in $(awk '$1=="pid"{print $2}' "$log" 2>/dev/null); do
-  if [ -r /proc/$p/stat ] && [ "$(cut -d' ' -f3 /proc/$p/stat 2>/dev/null)" != Z ]; then
-    echo "overlap $$ $p $(date +%s.%N)" >> "$log"
+  if runs "$p"; then
+    echo "overlap $$ $p $(now)" >> "$log"
   fi
 done
 sleep 1000 &
 echo "pid $! grandchild $$" >> "$log"
 echo "pid $$ child" >> "$log"
-echo "start $$ $(date +%s.%N) $LEADER_ID $LEADER_TERM $LEADER_HELD $LEADER_NAME" >> "$log"
-trap 'echo "stop $$ $(date +%s.%N)" >> "$log"; exit 0' TERM
+echo "start $$ $(now) $LEADER_ID $LEADER_TERM $LEADER_HELD $LEADER_NAME" >> "$log"
+trap 'echo "stop $$ $(now)" >> "$log"; exit 0' TERM
 wait
 `
 

@@ -1,3 +1,5 @@
+//go:build linux || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+
 package main
 
 import (

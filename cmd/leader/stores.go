@@ -1,3 +1,5 @@
+//go:build linux || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+
 package main
 
 import (
@@ -21,9 +23,6 @@ const (
 	strategyLease    = "lease"
 	strategyAdvisory = "advisory"
 )
-
-// defaultStoreDirHelp describes defaultStoreDir in help texts.
-const defaultStoreDirHelp = "$XDG_STATE_HOME/leader (~/.local/state/leader)"
 
 // defaultStoreDir is the embedded store's directory when no store is named:
 // filelock.DefaultDir, a per-user directory that survives reboots (so terms

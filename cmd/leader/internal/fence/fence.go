@@ -1,3 +1,5 @@
+//go:build linux || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+
 // Package fence keeps two commands of one election from running at once on
 // one host, even for the few milliseconds in which a dead leader's command is
 // being killed while the lease is already free.

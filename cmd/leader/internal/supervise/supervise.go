@@ -1,3 +1,5 @@
+//go:build linux || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+
 // Package supervise runs a command so that it, and every process it starts in
 // its process group, is gone when the leader command says so, and also when
 // the leader command dies without saying anything (SIGKILL, OOM kill, a
@@ -12,9 +14,10 @@
 //	leader ──control pipe (fd 3)──> supervisor ──starts──> command (own process group)
 //	leader <──status pipe (fd 4)─── supervisor
 //
-// The supervisor puts the command in a new process group and makes itself a
-// child subreaper, so the command's orphaned children are reparented to it
-// and can be waited for. It stops the whole group:
+// The supervisor puts the command in a new process group and, on Linux,
+// makes itself a child subreaper, so the command's orphaned children are
+// reparented to it and can be waited for (elsewhere they go to init, which
+// reaps them). It stops the whole group:
 //
 //   - on "stop" from the leader (or SIGTERM to the supervisor itself):
 //     SIGTERM (and SIGCONT) to the group, SIGKILL to the group after the
@@ -32,10 +35,21 @@
 // parent-death SIGKILL would kill the supervisor and orphan the group) and
 // does not depend on which of the leader's threads forked it.
 //
-// Belt and braces: the command itself gets PR_SET_PDEATHSIG=SIGKILL tied to
-// the supervisor (forked from a thread locked for the supervisor's lifetime),
-// so if the supervisor is killed the command dies too; and the leader process,
-// seeing the status pipe close without a result, SIGKILLs the group itself.
+// Belt and braces: on Linux the command itself gets PR_SET_PDEATHSIG=SIGKILL
+// tied to the supervisor (forked from a thread locked for the supervisor's
+// lifetime), so if the supervisor is killed the command dies too; and, on
+// every platform, the leader process, seeing the status pipe close without a
+// result, SIGKILLs the group itself.
+//
+// # Platforms
+//
+// The package builds on Unix systems. The pipe protocol, the process groups
+// and the fence are the same everywhere; Linux adds the child subreaper, the
+// parent-death signal and /proc/self/exe (SelfExecutable), which other
+// systems do without: see the Linux and non-Linux versions of
+// becomeSubreaper, commandAttr and SelfExecutable. Without the parent-death
+// signal, a command whose supervisor and leader process are both killed at
+// once (for example "killall -9 leader") keeps running.
 //
 // The supervisor is in a process group of its own as well, so a terminal's
 // Ctrl-C or a "kill -9 -PGID" aimed at the leader's job does not reach it:
@@ -210,18 +224,6 @@ func Start(opts Options) (*Child, error) {
 	}
 	go c.watch(status, stR)
 	return c, nil
-}
-
-// SelfExecutable returns the path that re-executes the running binary:
-// /proc/self/exe where it exists, so that the supervisor is the very same
-// binary as the leader process even if the file was replaced (a deploy) or
-// removed since it started; os.Executable elsewhere.
-func SelfExecutable() (string, error) {
-	const self = "/proc/self/exe"
-	if _, err := os.Stat(self); err == nil {
-		return self, nil
-	}
-	return os.Executable()
 }
 
 // StartError is returned by Start when the command could not be started.

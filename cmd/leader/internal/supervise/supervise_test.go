@@ -1,3 +1,5 @@
+//go:build linux || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+
 package supervise
 
 import (
@@ -41,20 +43,6 @@ func fakeLeader() int {
 	}
 	fmt.Println(c.Pid())
 	select {}
-}
-
-func exists(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	if err != nil {
-		return false
-	}
-	// A zombie exists until reaped but runs nothing.
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	fields := strings.Fields(string(b))
-	return len(fields) < 3 || fields[2] != "Z"
 }
 
 // waitForFile polls for a file holding a pid.

@@ -1,3 +1,5 @@
+//go:build linux || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+
 package supervise
 
 import (
@@ -14,9 +16,6 @@ import (
 	"time"
 )
 
-// prSetChildSubreaper is PR_SET_CHILD_SUBREAPER from <linux/prctl.h>.
-const prSetChildSubreaper = 36
-
 // groupPoll is how often the supervisor checks whether the command's process
 // group still has members once the command itself has exited: members that
 // are not its children end without telling it.
@@ -27,8 +26,8 @@ const groupPoll = 10 * time.Millisecond
 // which is 0 unless the supervisor was misused; the command's own exit status
 // goes to the leader on the status pipe.
 func Main(args []string) int {
-	// The command's parent-death signal is tied to the thread that forks it;
-	// this goroutine keeps its thread until the process exits.
+	// On Linux the command's parent-death signal is tied to the thread that
+	// forks it; this goroutine keeps its thread until the process exits.
 	runtime.LockOSThread()
 
 	fs := flag.NewFlagSet(Subcommand, flag.ContinueOnError)
@@ -69,8 +68,8 @@ func Main(args []string) int {
 	children := make(chan os.Signal, 1)
 	signal.Notify(children, syscall.SIGCHLD)
 
-	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); errno != 0 {
-		fmt.Fprintf(os.Stderr, "leader: supervisor: cannot become a child subreaper (%v); grandchildren that outlive the command may be missed\n", errno)
+	if err := becomeSubreaper(); err != nil {
+		fmt.Fprintf(os.Stderr, "leader: supervisor: cannot become a child subreaper (%v); grandchildren that outlive the command may be missed\n", err)
 	}
 
 	path, err := exec.LookPath(argv[0])
@@ -90,7 +89,7 @@ func Main(args []string) int {
 	proc, err := os.StartProcess(path, argv, &os.ProcAttr{
 		Env:   os.Environ(),
 		Files: []*os.File{devnull, os.Stdout, os.Stderr},
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL},
+		Sys:   commandAttr(),
 	})
 	devnull.Close()
 	if err != nil {
@@ -102,7 +101,8 @@ func Main(args []string) int {
 		return 0
 	}
 	pid := proc.Pid
-	// This process reaps with wait4 itself (it must, as a subreaper).
+	// This process reaps with wait4 itself (it must, as a subreaper on
+	// Linux).
 	_ = proc.Release()
 	report("pid %d", pid)
 
@@ -209,8 +209,8 @@ func readControl(f *os.File, out chan<- string) {
 	}
 }
 
-// groupAlive reports whether process group pgid has any member, zombies
-// included.
+// groupAlive reports whether process group pgid has any member (on Linux,
+// zombies included).
 func groupAlive(pgid int) bool {
 	err := syscall.Kill(-pgid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
