@@ -51,6 +51,31 @@
 // that does not wait for the store call, so a store that hangs cannot keep
 // an instance leading past it.
 //
+// What this argument assumes, and so what is not guaranteed:
+//
+//   - The store's clock does not jump forward by more than DriftMargin. For
+//     PostgreSQL that clock is the database server's wall clock
+//     (clock_timestamp()): run its host with time synchronisation that slews
+//     (chrony's and ntpd's default) rather than steps. A forward step larger
+//     than DriftMargin ends leases early on the server while their holders
+//     still believe they lead. Clients' clocks may do anything.
+//   - Leader work stops when the leader context is cancelled, or within
+//     StopGrace after it. Work that ignores the context can outlive the lease;
+//     fence its writes with the term. The Elector logs when OnDemoted or
+//     OnElected returns after the local deadline.
+//   - A process that is paused (SIGSTOP, a debugger, a VM pause) stops its
+//     timers with it, so its leader context is cancelled only when it
+//     resumes, possibly after the lease has passed to another. Only work
+//     that checks the context, or a supervisor outside the process (the
+//     leader command has one), ends in time.
+//   - A store call whose context ends may still take effect on the store
+//     (a statement that commits after its client gave up). A campaign
+//     attempt is therefore not cut short by Run's end, and a grant that
+//     arrives late is released; but an attempt that times out just as Run
+//     ends can leave a grant nobody holds, which runs out after TTL. For
+//     PostgreSQL, a pgconn.CancelRequestContextWatcherHandler on the pool
+//     cancels such statements on the server (the leader command sets one).
+//
 // # Fencing
 //
 // Every grant carries a term that grows by one with each grant of the name
