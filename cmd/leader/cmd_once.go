@@ -93,6 +93,7 @@ func (o *onceOptions) flags() *flag.FlagSet {
 }
 
 func runOnceCommand(a *app, ctx context.Context, args []string) int {
+	ignoreJobControl()
 	var o onceOptions
 	fs := o.flags()
 	argv, code, ok := a.parse(onceCommand, fs, args, true)
@@ -140,18 +141,41 @@ func runOnceCommand(a *app, ctx context.Context, args []string) int {
 	}
 	defer store.Close()
 
-	j := &onceJob{opts: o, argv: argv, store: store, log: log.With(slog.String("election", o.name)), stderr: a.stderr}
+	j := &onceJob{
+		opts:      o,
+		argv:      argv,
+		store:     store,
+		fencePath: store.fencePath(o.name),
+		log:       log.With(slog.String("election", o.name)),
+		stderr:    a.stderr,
+	}
 	return j.run(ctx, fail)
 }
 
 // onceJob is one invocation of "leader once".
 type onceJob struct {
-	opts   onceOptions
-	argv   []string
-	store  *openedStore
-	log    *slog.Logger
-	stderr io.Writer
+	opts      onceOptions
+	argv      []string
+	store     leader.Store
+	fencePath string
+	log       *slog.Logger
+	stderr    io.Writer
 }
+
+// The lease timing of "leader once", as the Elector's with --window as the
+// TTL: renewals every window/3, a drift margin of window/20, and a stop
+// point that leaves --grace and the kill margin before the local deadline.
+func (j *onceJob) renewEvery() time.Duration { return j.opts.window / 3 }
+
+// stopAt is when the command must be told to stop for a grant or renewal
+// sent at sent, unless a later renewal succeeds first.
+func (j *onceJob) stopAt(sent time.Time) time.Time {
+	w := j.opts.window
+	return sent.Add(w - w/20 - j.opts.grace - killMargin(w))
+}
+
+// errTooLate reports a grant that came too late to run the command safely.
+var errTooLate = errors.New("the store granted the lease too late to run the command safely before it could run out; released it")
 
 func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 	o := j.opts
@@ -160,8 +184,7 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 		return fail(err)
 	}
 	cand := leader.Candidate{ID: o.id, Token: token}
-	sent := time.Now()
-	lease, granted, err := j.store.Acquire(ctx, o.name, cand, o.window)
+	lease, sent, granted, err := j.acquire(ctx, cand)
 	if err != nil {
 		return fail(fmt.Errorf("taking the lease of %q: %w", o.name, err))
 	}
@@ -174,22 +197,35 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 	log := j.log.With(slog.Uint64("term", term))
 	log.Info("running the command", slog.String("command", strings.Join(j.argv, " ")))
 
-	fencePath := fence.Path(fence.Dir(), j.store.id, o.name)
-	fenceFile, err := fence.Acquire(ctx, fencePath, nil)
+	fenceFile, err := fence.Acquire(ctx, j.fencePath, nil)
 	if err != nil {
 		j.keep(log, cand, term)
 		return fail(err)
 	}
+	// The command's deadline is the stop point of the grant: the
+	// supervisor stops it there unless a renewal has moved it on, even if
+	// this process is frozen.
+	deadline, err := supervise.DeadlineAt(j.stopAt(sent))
+	if err != nil {
+		fenceFile.Close()
+		j.keep(log, cand, term)
+		return fail(err)
+	}
 	child, err := supervise.Start(supervise.Options{
-		Command: j.argv,
-		Env:     childEnv(os.Environ(), o.name, o.id, term),
-		Grace:   o.grace,
-		Fence:   fenceFile,
+		Command:  j.argv,
+		Env:      childEnv(os.Environ(), o.name, o.id, term),
+		Grace:    o.grace,
+		Fence:    fenceFile,
+		Deadline: deadline,
 	})
 	fenceFile.Close()
 	if err != nil {
-		j.keep(log, cand, term)
 		var se *supervise.StartError
+		if errors.As(err, &se) && se.Result.DeadlinePassed {
+			j.release(log, cand, term)
+			return fail(errTooLate)
+		}
+		j.keep(log, cand, term)
 		if errors.As(err, &se) {
 			fmt.Fprintf(j.stderr, "leader once: %v\n", err)
 			return se.Result.ExitCode
@@ -206,48 +242,122 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 	return res.Code()
 }
 
-// hold renews the lease while child runs. If renewals fail until the lease
-// could run out, it stops child first and returns why.
-func (j *onceJob) hold(ctx context.Context, log *slog.Logger, child *supervise.Child, cand leader.Candidate, term uint64, sent time.Time) (supervise.Result, error) {
-	window := j.opts.window
-	renewEvery := window / 3
-	drift := window / 20
-	stopAt := func(sent time.Time) time.Time {
-		return sent.Add(window - drift - j.opts.grace - killMargin(window))
+// acquire asks for the lease, timed from when the request was sent. The
+// request is bounded by a renew interval and not cut short by ctx (a
+// cancelled write may still commit, leaving a lease nobody uses). A grant
+// that arrives after its stop point is released and reported as
+// errTooLate; one that arrives after ctx ended is released too.
+func (j *onceJob) acquire(ctx context.Context, cand leader.Candidate) (lease leader.Lease, sent time.Time, granted bool, err error) {
+	sent = time.Now()
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), j.renewEvery())
+	lease, granted, err = j.store.Acquire(actx, j.opts.name, cand, j.opts.window)
+	cancel()
+	if err != nil || !granted {
+		return lease, sent, false, err
 	}
-	stopTimer := time.NewTimer(time.Until(stopAt(sent)))
+	switch {
+	case !time.Now().Before(j.stopAt(sent)):
+		j.log.Warn("the lease was granted too late to run the command safely; releasing it",
+			slog.Duration("took", time.Since(sent)))
+		j.release(j.log, cand, lease.Term)
+		return lease, sent, false, errTooLate
+	case ctx.Err() != nil:
+		j.release(j.log, cand, lease.Term)
+		return lease, sent, false, ctx.Err()
+	}
+	return lease, sent, true, nil
+}
+
+// supervised is what hold needs of the running command: a
+// *supervise.Child.
+type supervised interface {
+	Done() <-chan struct{}
+	Result() supervise.Result
+	Stop() supervise.Result
+	Extend(supervise.Deadline)
+}
+
+// renewResult is the outcome of one renewal.
+type renewResult struct {
+	sent time.Time
+	err  error
+}
+
+// hold renews the lease (granted at sent) while child runs. If renewals
+// fail until the stop point, it stops child first and returns why. As in
+// the Elector, renewals run on a goroutine of their own, bounded by the stop
+// point, and the stop point is a timer of its own: a store call that
+// outlives its context (pgx answers about a second after a deadline when
+// the server does not) cannot delay the stop. After every renewal the
+// command's deadline is moved on, so the supervisor stops the command by
+// itself if this process is frozen.
+func (j *onceJob) hold(ctx context.Context, log *slog.Logger, child supervised, cand leader.Candidate, term uint64, sent time.Time) (supervise.Result, error) {
+	window := j.opts.window
+	renewEvery := j.renewEvery()
+	stopTimer := time.NewTimer(time.Until(j.stopAt(sent)))
 	defer stopTimer.Stop()
-	renewTimer := time.NewTimer(renewEvery)
+	renewTimer := time.NewTimer(time.Until(sent.Add(renewEvery)))
 	defer renewTimer.Stop()
+	// Cancels a renewal still in flight when hold returns; it is left to
+	// finish on its own goroutine (results is buffered).
+	rpcs, cancelRPCs := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRPCs()
+	results := make(chan renewResult, 1)
+	inflight := false
 	interrupted := ctx.Done()
+	lostContact := func() (supervise.Result, error) {
+		log.Error("could not renew the lease; stopping the command before it could run out")
+		res := child.Stop()
+		return res, errors.New("lost contact with the store while the command ran; the command was stopped")
+	}
 	for {
 		select {
 		case <-child.Done():
-			return child.Result(), nil
+			res := child.Result()
+			if res.DeadlinePassed {
+				return res, errors.New("the lease was not renewed before the command's deadline (the store was unreachable, or this process was frozen); the command was stopped")
+			}
+			return res, nil
 		case <-interrupted:
 			log.Info("interrupted: stopping the command")
 			go child.Stop()
 			interrupted = nil
 		case <-stopTimer.C:
-			log.Error("could not renew the lease; stopping the command before it could run out")
-			child.Stop()
-			return child.Result(), errors.New("lost contact with the store while the command ran; the command was stopped")
+			return lostContact()
 		case <-renewTimer.C:
-			s := time.Now()
-			rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), stopAt(sent))
-			_, err := j.store.Renew(rctx, j.opts.name, cand.Token, term, window)
-			cancel()
+			if inflight {
+				continue
+			}
+			inflight = true
+			go func(sent, stop time.Time) {
+				rctx, cancel := context.WithDeadline(rpcs, stop)
+				defer cancel()
+				_, err := j.store.Renew(rctx, j.opts.name, cand.Token, term, window)
+				results <- renewResult{sent: sent, err: err}
+			}(time.Now(), j.stopAt(sent))
+		case r := <-results:
+			inflight = false
 			switch {
-			case err == nil:
-				sent = s
-				stopTimer.Reset(time.Until(stopAt(sent)))
-				renewTimer.Reset(renewEvery)
-			case errors.Is(err, leader.ErrLeaseLost):
-				log.Error("lease lost while the command ran; stopping it", slog.Any("error", err))
+			case r.err == nil:
+				// Only a renewal that returned before the stop point
+				// extends: once the timer has fired (Stop reports false),
+				// the command must stop whatever the store says now.
+				if !stopTimer.Stop() {
+					return lostContact()
+				}
+				sent = r.sent
+				stopTimer.Reset(time.Until(j.stopAt(sent)))
+				if d, err := supervise.DeadlineAt(j.stopAt(sent)); err == nil {
+					child.Extend(d)
+				}
+				renewTimer.Reset(time.Until(sent.Add(renewEvery)))
+			case errors.Is(r.err, leader.ErrLeaseLost):
+				log.Error("lease lost while the command ran; stopping it", slog.Any("error", r.err))
 				child.Stop()
-				return child.Result(), fmt.Errorf("the lease was lost while the command ran; the command was stopped: %w", err)
+				return child.Result(), fmt.Errorf("the lease was lost while the command ran; the command was stopped: %w", r.err)
 			default:
-				log.Warn("renewing the lease failed; retrying", slog.Any("error", err))
+				log.Warn("renewing the lease failed; retrying", slog.Any("error", r.err),
+					slog.Duration("left_before_stopping", time.Until(j.stopAt(sent))))
 				renewTimer.Reset(max(renewEvery/4, 100*time.Millisecond))
 			}
 		}
@@ -261,6 +371,15 @@ func (j *onceJob) keep(log *slog.Logger, cand leader.Candidate, term uint64) {
 	defer cancel()
 	if _, err := j.store.Renew(ctx, j.opts.name, cand.Token, term, j.opts.window); err != nil {
 		log.Warn("could not keep the lease for the window after the run", slog.Any("error", err))
+	}
+}
+
+// release gives up a lease that was not used, best effort.
+func (j *onceJob) release(log *slog.Logger, cand leader.Candidate, term uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), j.renewEvery())
+	defer cancel()
+	if err := j.store.Release(ctx, j.opts.name, cand.Token, term); err != nil {
+		log.Warn("could not release the lease; it will run out by itself", slog.Any("error", err))
 	}
 }
 

@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/leaderelect/leader"
-	"github.com/leaderelect/leader/cmd/leader/internal/fence"
 	"github.com/leaderelect/leader/cmd/leader/internal/redact"
 	"github.com/leaderelect/leader/leaderprom"
 )
@@ -37,8 +36,11 @@ SIGKILL after --grace, and "leader run" waits until it is gone before the
 lease can pass to another instance: --grace is checked against --ttl so that
 the command always ends before the lease could be granted to anyone else.
 If "leader run" itself is killed (even with SIGKILL), the command and every
-process in its process group are killed at once. When this instance is
-elected again, the command starts again.
+process in its process group are killed at once. If "leader run" is
+frozen (SIGSTOP, a cgroup freezer, a debugger), the command's supervisor
+stops it as on loss when the lease's stop point passes without a renewal.
+"leader run" ignores SIGTSTP (Ctrl-Z), SIGTTIN and SIGTTOU. When this
+instance is elected again, the command starts again.
 
 SIGINT or SIGTERM to "leader run" stops the command the same way, releases
 the lease (another instance takes over at once) and exits; a second signal
@@ -102,6 +104,7 @@ func defaultGrace(ttl time.Duration) time.Duration {
 }
 
 func runRun(a *app, ctx context.Context, args []string) int {
+	ignoreJobControl()
 	var o runOptions
 	fs := o.flags()
 	argv, code, ok := a.parse(runCommand, fs, args, true)
@@ -192,13 +195,15 @@ func runRun(a *app, ctx context.Context, args []string) int {
 		return fail(err)
 	}
 	defer store.Close()
-	runner.fencePath = fence.Path(fence.Dir(), store.id, o.name)
+	runner.fencePath = store.fencePath(o.name)
 
 	elector, err := leader.New(store, cfg)
 	if err != nil {
 		return fail(configUsageError(err, o.ttl, o.grace))
 	}
 	runner.id = elector.Config().ID
+	runner.stopAt = func() time.Time { return elector.Status().StopAt }
+	runner.poll = elector.Config().RenewInterval / 4
 
 	if httpAddr != "" {
 		srv, err := serveHTTP(httpAddr, elector, registry, log)

@@ -50,6 +50,18 @@ func dispatch(args []string) int {
 	return cmd.run(a, ctx, rest)
 }
 
+// ignoreJobControl makes this process ignore the terminal's job-control
+// stops: SIGTSTP (Ctrl-Z), and SIGTTIN and SIGTTOU (reading, or with
+// "stty tostop" writing, the terminal from a background job). "leader run"
+// and "leader once" call it: a frozen leader process cannot act on the loss
+// of its lease, and Ctrl-Z would stop it but not its command, which runs in
+// a process group of its own. The command still gets these signals with
+// their default action (see package supervise). SIGSTOP cannot be ignored;
+// the supervisor's deadline covers it.
+func ignoreJobControl() {
+	signal.Ignore(syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
+}
+
 // app is what every subcommand writes to and reads from; tests of the
 // parsing helpers swap them.
 type app struct {

@@ -56,6 +56,12 @@ func TestPostgres(t *testing.T) {
 		failover(t, e, u, "2s", 20*time.Second, time.Second)
 	})
 
+	t.Run("a frozen leader's command is stopped before the lease passes on", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		frozenLeader(t, e, migrated(t, e))
+	})
+
 	t.Run("once runs one of concurrent invocations and keeps the window after the run", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)

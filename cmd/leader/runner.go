@@ -45,7 +45,14 @@ type commandRunner struct {
 	grace     time.Duration
 	restart   string
 	fencePath string
-	log       *slog.Logger
+	// stopAt returns the Elector's Status().StopAt: while leading, when
+	// this instance stops leading unless a renewal succeeds; zero when not
+	// leading. It is the command's deadline (see supervise.Deadline).
+	stopAt func() time.Time
+	// poll is how often the deadline is checked for extensions: a quarter
+	// of the renew interval.
+	poll time.Duration
+	log  *slog.Logger
 	// finish is called when the command exited and the policy says to stop
 	// "leader run" with the given exit code.
 	finish func(code int)
@@ -69,6 +76,14 @@ func (r *commandRunner) onElected(ctx context.Context) {
 			return // leadership lost; onDemoted stopped the command
 		}
 		switch {
+		case res.DeadlinePassed:
+			// Stopped (or not started) by the supervisor's dead-man's
+			// switch, not ended by the command: this process was frozen
+			// or its renewals came late. Leadership is over or about to
+			// be; if a renewal did succeed just in time, start it again.
+			log.Warn("the command's deadline passed before this process extended it (was it frozen?)",
+				slog.String("result", res.String()))
+			backoff = restartBackoffMin
 		case r.restart == restartNever:
 			r.finish(res.Code())
 			return
@@ -104,16 +119,31 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 	}
 	defer fenceFile.Close()
 
+	// The command never runs without a deadline: the moment this instance
+	// stops leading unless a renewal succeeds first. Past that moment
+	// leadership is over, and the leader context is about to end.
+	stopAt := r.stopAt()
+	if stopAt.IsZero() || !time.Now().Before(stopAt) {
+		<-ctx.Done()
+		return supervise.Result{}, false
+	}
+	deadline, err := supervise.DeadlineAt(stopAt)
+	if err != nil {
+		log.Error("cannot start the command", slog.Any("error", err))
+		return supervise.Result{ExitCode: exitFailure, Err: err}, true
+	}
+
 	r.mu.Lock()
 	if ctx.Err() != nil {
 		r.mu.Unlock()
 		return supervise.Result{}, false
 	}
 	child, err := supervise.Start(supervise.Options{
-		Command: r.argv,
-		Env:     childEnv(os.Environ(), r.name, r.id, term),
-		Grace:   r.grace,
-		Fence:   fenceFile,
+		Command:  r.argv,
+		Env:      childEnv(os.Environ(), r.name, r.id, term),
+		Grace:    r.grace,
+		Fence:    fenceFile,
+		Deadline: deadline,
 	})
 	if err == nil {
 		r.child = child
@@ -123,6 +153,9 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 
 	if err != nil {
 		var se *supervise.StartError
+		if errors.As(err, &se) && se.Result.DeadlinePassed {
+			return se.Result, ctx.Err() == nil
+		}
 		if errors.As(err, &se) {
 			log.Error("cannot start the command", slog.Any("error", err), slog.Int("exit_code", se.Result.ExitCode))
 			return se.Result, true
@@ -131,6 +164,12 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 		return supervise.Result{ExitCode: exitFailure, Err: err}, true
 	}
 	log.Info("command started", slog.Int("pid", child.Pid()), slog.String("command", strings.Join(r.argv, " ")))
+	extending := make(chan struct{})
+	defer func() { <-extending }()
+	go func() {
+		defer close(extending)
+		r.extend(ctx, child, stopAt)
+	}()
 
 	select {
 	case <-child.Done():
@@ -142,6 +181,9 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 	}
 	r.clear(child)
 	res := child.Result()
+	if res.DeadlinePassed {
+		return res, ctx.Err() == nil
+	}
 	level := slog.LevelInfo
 	if !res.Success() {
 		level = slog.LevelWarn
@@ -149,6 +191,42 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 	log.Log(context.Background(), level, "command ended on its own", slog.String("result", res.String()),
 		slog.Int("exit_code", res.Code()))
 	return res, true
+}
+
+// extend is the leader's half of the dead-man's switch: while child runs
+// and this instance leads, it moves the command's deadline on to the
+// Elector's stop point each time a renewal has moved that (sent is the stop
+// point the command was started with). If this process is frozen, nothing
+// moves the deadline on, and the supervisor stops the command when it
+// passes. It checks every r.poll, and more often as the deadline nears, so
+// that a renewal that succeeds close to the stop point reaches the
+// supervisor in time.
+func (r *commandRunner) extend(ctx context.Context, child *supervise.Child, sent time.Time) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-child.Done():
+			return
+		case <-t.C:
+		}
+		at := r.stopAt()
+		if at.IsZero() {
+			return // no longer leading: onDemoted stops the command
+		}
+		if at.After(sent) {
+			d, err := supervise.DeadlineAt(at)
+			if err != nil {
+				r.log.Error("cannot extend the command's deadline", slog.Any("error", err))
+			} else {
+				child.Extend(d)
+				sent = at
+			}
+		}
+		t.Reset(min(r.poll, max(time.Until(sent)/4, 5*time.Millisecond)))
+	}
 }
 
 func (r *commandRunner) clear(c *supervise.Child) {

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/cmd/leader/internal/fence"
 	"github.com/leaderelect/leader/cmd/leader/internal/redact"
 	"github.com/leaderelect/leader/filelock"
 )
@@ -49,12 +50,21 @@ type openedStore struct {
 	kind storeKind
 	// display is the URL as shown to people: passwords masked.
 	display string
-	// id names the store without secrets, for fences: the directory, or
-	// host, port and database.
+	// id names the store without secrets, for fences: the directory (its
+	// symlinks resolved), or host, port and database.
 	id string
+	// fenceDir holds the store's fences (see package fence): next to the
+	// embedded store, in a fixed per-user directory of the host for
+	// PostgreSQL.
+	fenceDir string
 	// migrate creates or updates the store's schema (PostgreSQL only).
 	migrate func(ctx context.Context) error
 	close   func()
+}
+
+// fencePath returns the fence of election name on this store.
+func (s *openedStore) fencePath(name string) string {
+	return fence.Path(s.fenceDir, s.id, name)
 }
 
 func (s *openedStore) Close() {
@@ -135,13 +145,20 @@ func openStoreFor(ctx context.Context, spec storeSpec, log *slog.Logger, forMigr
 		if err != nil {
 			return nil, fmt.Errorf("opening the embedded store in %s: %w", spec.dir, err)
 		}
+		// One directory, however it is named: through a symlink or not.
+		dir, err := filepath.EvalSymlinks(fs.Dir())
+		if err != nil {
+			_ = fs.Close()
+			return nil, fmt.Errorf("opening the embedded store in %s: %w", spec.dir, err)
+		}
 		log.Debug("store opened", slog.String("store", spec.display))
 		return &openedStore{
-			Store:   fs,
-			kind:    fileStore,
-			display: spec.display,
-			id:      "file:" + fs.Dir(),
-			close:   func() { _ = fs.Close() },
+			Store:    fs,
+			kind:     fileStore,
+			display:  spec.display,
+			id:       "file:" + dir,
+			fenceDir: fence.StoreDir(dir),
+			close:    func() { _ = fs.Close() },
 		}, nil
 	case postgresStore:
 		return openPostgres(ctx, spec, log, forMigrate)

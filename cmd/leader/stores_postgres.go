@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leaderelect/leader/cmd/leader/internal/fence"
 	"github.com/leaderelect/leader/postgres"
 )
 
@@ -100,11 +101,12 @@ func openPostgres(ctx context.Context, spec storeSpec, log *slog.Logger, forMigr
 	}
 	log.Debug("store opened", slog.String("store", spec.display))
 	return &openedStore{
-		Store:   store,
-		kind:    postgresStore,
-		display: spec.display,
-		id:      id,
-		migrate: func(ctx context.Context) error { return postgres.Migrate(ctx, pool, opts) },
+		Store:    store,
+		kind:     postgresStore,
+		display:  spec.display,
+		id:       id,
+		fenceDir: fence.HostDir(),
+		migrate:  func(ctx context.Context) error { return postgres.Migrate(ctx, pool, opts) },
 		close: func() {
 			store.Close()
 			pool.Close()

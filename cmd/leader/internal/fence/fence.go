@@ -8,7 +8,9 @@
 // leader process dies, and the next leader is elected within milliseconds,
 // while the dead leader's supervisor is still killing its command's process
 // group. So before starting its command, a new leader takes the election's
-// fence: a file in a per-user directory, locked with flock. The supervisor of
+// fence: a file locked with flock, in the store's directory (StoreDir) for
+// the embedded store, and in a fixed per-user directory (HostDir) for the
+// others. The supervisor of
 // the running command holds that lock until its command's whole process group
 // is gone (see package supervise), so the new command starts only after the
 // old one has ended. Across hosts (PostgreSQL) the lease's TTL already orders
@@ -23,21 +25,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 )
-
-// Dir returns the directory that holds fences: $XDG_RUNTIME_DIR/leader/fences
-// when XDG_RUNTIME_DIR is set, else <temp dir>/leader-<uid>/fences. Fences
-// must be shared by every leader process of the host that might run the same
-// election, so the directory is per user, not per store.
-func Dir() string {
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "leader", "fences")
-	}
-	return filepath.Join(os.TempDir(), "leader-"+strconv.Itoa(os.Getuid()), "fences")
-}
 
 // Path returns the fence file in dir for election name on the store
 // identified by storeID (a string that names the store without secrets).
@@ -52,7 +42,13 @@ func Path(dir, storeID, name string) string {
 // descriptor duplicated from it (for example one passed to a child process),
 // is closed.
 func Acquire(ctx context.Context, path string, onWait func()) (*os.File, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	dir := filepath.Dir(path)
+	if dir == HostDir() {
+		// In the shared /tmp: it must be this user's alone.
+		if err := checkPrivate(dir); err != nil {
+			return nil, fmt.Errorf("fence: %w", err)
+		}
+	} else if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("fence: %w", err)
 	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)

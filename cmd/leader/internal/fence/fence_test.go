@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -51,5 +52,29 @@ func TestPathDependsOnStoreAndName(t *testing.T) {
 	a, b, c := Path(dir, "s1", "n"), Path(dir, "s2", "n"), Path(dir, "s1", "m")
 	if a == b || a == c || filepath.Dir(a) != dir {
 		t.Errorf("paths %q %q %q", a, b, c)
+	}
+}
+
+func TestHostDirMustBePrivate(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "d")
+	if err := checkPrivate(dir); err != nil {
+		t.Fatalf("creating it: %v", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkPrivate(dir); err == nil {
+		t.Error("accepted a directory open to others")
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkPrivate(link); err == nil {
+		t.Error("accepted a symlink")
+	}
+	if HostDir() != filepath.Join("/tmp", "leader-fence-"+strconv.Itoa(os.Getuid())) {
+		t.Errorf("HostDir %s", HostDir())
 	}
 }

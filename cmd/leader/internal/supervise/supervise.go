@@ -24,8 +24,19 @@
 //     grace period;
 //   - on "kill", or when the control pipe reaches end-of-file because the
 //     leader process died: SIGKILL to the group at once;
+//   - when its deadline passes without the leader having extended it (a
+//     dead-man's switch, see below): as on "stop";
 //   - when the command exits on its own: whatever it left running in its
 //     group is stopped as on "stop".
+//
+// The deadline covers a leader process that is alive but frozen (SIGSTOP,
+// a cgroup freezer, a debugger, a paused VM): its control pipe stays open,
+// so end-of-file never comes, yet its lease runs out and another instance
+// takes over. The command is started with a deadline (Options.Deadline) and
+// the leader moves it on after every successful renewal (Child.Extend). It
+// is an absolute time on the host's CLOCK_MONOTONIC (see Deadline), so a
+// frozen leader that computed an extension before freezing and writes it on
+// resuming extends nothing.
 //
 // It then waits until no process of the group exists, reports the command's
 // exit status on the status pipe, and exits. The control pipe's write end
@@ -87,8 +98,9 @@ const (
 
 // Messages on the control pipe, one per line.
 const (
-	msgStop = "stop"
-	msgKill = "kill"
+	msgStop  = "stop"
+	msgKill  = "kill"
+	msgUntil = "until" // "until N": the deadline is now N (see Deadline)
 )
 
 // Options says what to run and how.
@@ -102,6 +114,12 @@ type Options struct {
 	Env []string
 	// Grace is how long the group has between SIGTERM and SIGKILL on Stop.
 	Grace time.Duration
+	// Deadline is when the supervisor stops the command (as on Stop) unless
+	// Extend has moved it on by then. Required: a command never runs
+	// without one. If it has passed when the supervisor is about to start
+	// the command, the command is not started and Start returns a
+	// StartError whose Result has DeadlinePassed set.
+	Deadline Deadline
 	// Fence, if not nil, is passed to the supervisor, which keeps it open
 	// until the command's process group is gone; the caller may close its
 	// own copy once Start returns.
@@ -122,6 +140,10 @@ type Result struct {
 	// for a command not found and 126 for one that cannot be executed, as in
 	// a shell) or if supervision failed.
 	Err error
+	// DeadlinePassed reports that the supervisor stopped the command, or
+	// did not start it, because its deadline passed without being
+	// extended: the command did not end on its own.
+	DeadlinePassed bool
 }
 
 // Code is the result as one exit code, shell style: the exit code, or 128+N
@@ -140,8 +162,12 @@ func (r Result) String() string {
 	switch {
 	case r.Err != nil:
 		return fmt.Sprintf("failed: %v (exit code %d)", r.Err, r.ExitCode)
+	case r.Signal != 0 && r.DeadlinePassed:
+		return fmt.Sprintf("killed by signal %d (%v; exit code %d) after its deadline passed", int(r.Signal), r.Signal, r.Code())
 	case r.Signal != 0:
 		return fmt.Sprintf("killed by signal %d (%v; exit code %d)", int(r.Signal), r.Signal, r.Code())
+	case r.DeadlinePassed:
+		return fmt.Sprintf("exited with code %d after its deadline passed", r.ExitCode)
 	default:
 		return fmt.Sprintf("exited with code %d", r.ExitCode)
 	}
@@ -165,6 +191,9 @@ func Start(opts Options) (*Child, error) {
 	if len(opts.Command) == 0 {
 		return nil, errors.New("supervise: no command")
 	}
+	if opts.Deadline <= 0 {
+		return nil, errors.New("supervise: no deadline")
+	}
 	exe := opts.Executable
 	if exe == "" {
 		var err error
@@ -182,7 +211,7 @@ func Start(opts Options) (*Child, error) {
 		ctlW.Close()
 		return nil, fmt.Errorf("supervise: %w", err)
 	}
-	args := []string{Subcommand, "--grace", opts.Grace.String()}
+	args := []string{Subcommand, "--grace", opts.Grace.String(), "--until", strconv.FormatInt(int64(opts.Deadline), 10)}
 	extra := []*os.File{ctlR, stW}
 	if opts.Fence != nil {
 		args = append(args, "--fence")
@@ -226,6 +255,16 @@ func Start(opts Options) (*Child, error) {
 	return c, nil
 }
 
+// ErrDeadlinePassed is the Err of a Result whose command was not started
+// because its deadline had passed.
+var ErrDeadlinePassed = errors.New("the deadline passed before the command could start")
+
+// Words of the supervisor's report about the deadline.
+const (
+	reportDeadline = "deadline" // after "exit N" or "signal N"
+	reportLate     = "late"     // instead of "pid N"
+)
+
 // StartError is returned by Start when the command could not be started.
 type StartError struct{ Result Result }
 
@@ -259,21 +298,25 @@ func (c *Child) watch(status *bufio.Reader, f *os.File) {
 	close(c.done)
 }
 
-// parseResult decodes the supervisor's report: "exit N", "signal N" or
-// "error N message".
+// parseResult decodes the supervisor's report: "exit N", "signal N" (each
+// followed by " deadline" if the deadline passed), "late" (the deadline had
+// passed before the command could start) or "error N message".
 func parseResult(line string, readErr error) Result {
 	kind, rest, _ := strings.Cut(line, " ")
+	rest, late := strings.CutSuffix(rest, " "+reportDeadline)
 	switch kind {
 	case "exit":
 		n, err := strconv.Atoi(rest)
 		if err == nil {
-			return Result{ExitCode: n}
+			return Result{ExitCode: n, DeadlinePassed: late}
 		}
 	case "signal":
 		n, err := strconv.Atoi(rest)
 		if err == nil {
-			return Result{ExitCode: -1, Signal: syscall.Signal(n)}
+			return Result{ExitCode: -1, Signal: syscall.Signal(n), DeadlinePassed: late}
 		}
+	case reportLate:
+		return Result{ExitCode: 1, Err: ErrDeadlinePassed, DeadlinePassed: true}
 	case "error":
 		code, msg, _ := strings.Cut(rest, " ")
 		n, err := strconv.Atoi(code)
@@ -324,6 +367,24 @@ func (c *Child) Stop() Result {
 func (c *Child) Kill() Result {
 	c.send(msgKill)
 	return c.Result()
+}
+
+// Extend moves the command's deadline on to d: the supervisor stops the
+// command (as on Stop) when d passes unless Extend is called again first. A
+// d earlier than the current deadline changes nothing. It does nothing once
+// Stop or Kill has been called.
+func (c *Child) Extend(d Deadline) {
+	c.sendOnce.Lock()
+	defer c.sendOnce.Unlock()
+	if c.sent != "" {
+		return
+	}
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	_, _ = c.control.WriteString(msgUntil + " " + strconv.FormatInt(int64(d), 10) + "\n")
 }
 
 func (c *Child) send(msg string) {

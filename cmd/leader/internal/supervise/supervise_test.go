@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 // fakeLeader starts a supervised command, prints its pid and blocks until
 // killed.
 func fakeLeader() int {
-	c, err := Start(Options{Command: []string{"sh", "-c", os.Getenv("SUPERVISE_TEST_LEADER")}, Grace: 10 * time.Second})
+	c, err := Start(Options{Command: []string{"sh", "-c", os.Getenv("SUPERVISE_TEST_LEADER")}, Grace: 10 * time.Second, Deadline: farDeadline()})
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -64,9 +64,18 @@ func readPid(t *testing.T, path string) int {
 	return 0
 }
 
+// farDeadline is a deadline that does not pass during a test.
+func farDeadline() Deadline {
+	d, err := DeadlineAt(time.Now().Add(time.Hour))
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
 func start(t *testing.T, script string, grace time.Duration) *Child {
 	t.Helper()
-	c, err := Start(Options{Executable: os.Args[0], Command: []string{"sh", "-c", script}, Grace: grace})
+	c, err := Start(Options{Executable: os.Args[0], Command: []string{"sh", "-c", script}, Grace: grace, Deadline: farDeadline()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +102,7 @@ func TestSignalIsReported(t *testing.T) {
 func TestEnvironmentIsPassed(t *testing.T) {
 	t.Parallel()
 	c, err := Start(Options{Executable: os.Args[0], Command: []string{"sh", "-c", `test "$X_TEST" = yes`},
-		Env: append(os.Environ(), "X_TEST=yes"), Grace: time.Second})
+		Env: append(os.Environ(), "X_TEST=yes"), Grace: time.Second, Deadline: farDeadline()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +113,7 @@ func TestEnvironmentIsPassed(t *testing.T) {
 
 func TestCommandNotFound(t *testing.T) {
 	t.Parallel()
-	_, err := Start(Options{Executable: os.Args[0], Command: []string{"/nonexistent/prog"}, Grace: time.Second})
+	_, err := Start(Options{Executable: os.Args[0], Command: []string{"/nonexistent/prog"}, Grace: time.Second, Deadline: farDeadline()})
 	var se *StartError
 	if !errors.As(err, &se) || se.Result.ExitCode != 127 {
 		t.Fatalf("err %v, want a StartError with exit code 127", err)

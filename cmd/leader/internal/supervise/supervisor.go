@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -33,14 +35,16 @@ func Main(args []string) int {
 	fs := flag.NewFlagSet(Subcommand, flag.ContinueOnError)
 	grace := fs.Duration("grace", 10*time.Second, "time between SIGTERM and SIGKILL")
 	hasFence := fs.Bool("fence", false, "fd 5 is a fence to hold until the group is gone")
+	until := fs.Int64("until", 0, "the deadline: CLOCK_MONOTONIC nanoseconds (see Deadline)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	argv := fs.Args()
-	if len(argv) == 0 {
-		fmt.Fprintln(os.Stderr, "leader: "+Subcommand+" is internal to the leader command and needs a command")
+	if len(argv) == 0 || *until <= 0 {
+		fmt.Fprintln(os.Stderr, "leader: "+Subcommand+" is internal to the leader command and needs a command and a deadline")
 		return 2
 	}
+	deadline := Deadline(*until)
 
 	control := os.NewFile(fdControl, "control")
 	status := os.NewFile(fdStatus, "status")
@@ -62,6 +66,9 @@ func Main(args []string) int {
 	// The leader decides how the command stops: a terminal's signals are not
 	// for us. SIGTERM (for example from a service manager stopping the whole
 	// control group) is taken as "stop".
+	// Ignored signals are inherited across exec, so the command gets its
+	// dispositions from restoreForCommand, not from these.
+	restore := restoreForCommand()
 	signal.Ignore(syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
 	terms := make(chan os.Signal, 1)
 	signal.Notify(terms, syscall.SIGTERM)
@@ -86,11 +93,20 @@ func Main(args []string) int {
 		report("error 1 %v", err)
 		return 0
 	}
-	proc, err := os.StartProcess(path, argv, &os.ProcAttr{
-		Env:   os.Environ(),
-		Files: []*os.File{devnull, os.Stdout, os.Stderr},
-		Sys:   commandAttr(),
-	})
+	// The dead-man's switch is armed before the command starts, and a
+	// command whose deadline has passed (its leader froze meanwhile) is not
+	// started at all.
+	left, err := deadline.until()
+	if err != nil {
+		report("error 1 reading the monotonic clock: %v", err)
+		return 0
+	}
+	if left <= 0 {
+		report(reportLate)
+		return 0
+	}
+	deadlineTimer := time.NewTimer(left)
+	proc, err := startCommand(path, argv, devnull, restore)
 	devnull.Close()
 	if err != nil {
 		code := 126
@@ -111,6 +127,7 @@ func Main(args []string) int {
 
 	var (
 		exited   *syscall.WaitStatus
+		expired  bool // the deadline passed: stopped for it
 		stopping bool
 		killed   bool
 		killAt   <-chan time.Time
@@ -151,17 +168,40 @@ func Main(args []string) int {
 			}
 		}
 	}
+	// checkDeadline stops the command if its deadline has passed, and
+	// otherwise sets the timer for it.
+	checkDeadline := func() {
+		if stopping || killed {
+			return
+		}
+		left, err := deadline.until()
+		if err == nil && left > 0 {
+			deadlineTimer.Reset(left)
+			return
+		}
+		expired = true
+		fmt.Fprintf(os.Stderr, "leader: supervisor: the leader did not extend the command's deadline (it is frozen or cannot renew its lease): stopping the command\n")
+		stop()
+	}
 	for {
 		select {
 		case <-children:
 			reap()
 		case msg := <-fromLeader:
-			switch msg {
+			verb, arg, _ := strings.Cut(msg, " ")
+			switch verb {
+			case msgUntil:
+				if d, err := strconv.ParseInt(arg, 10, 64); err == nil && Deadline(d) > deadline {
+					deadline = Deadline(d)
+				}
+				checkDeadline()
 			case msgStop:
 				stop()
 			default: // msgKill, or the leader is gone
 				kill()
 			}
+		case <-deadlineTimer.C:
+			checkDeadline()
 		case <-terms:
 			stop()
 		case <-killAt:
@@ -182,14 +222,68 @@ func Main(args []string) int {
 			}
 			continue
 		}
+		suffix := ""
+		if expired {
+			suffix = " " + reportDeadline
+		}
 		switch {
 		case exited.Signaled():
-			report("signal %d", int(exited.Signal()))
+			report("signal %d%s", int(exited.Signal()), suffix)
 		default:
-			report("exit %d", exited.ExitStatus())
+			report("exit %d%s", exited.ExitStatus(), suffix)
 		}
 		return 0
 	}
+}
+
+// commandSignals are the signals whose disposition the supervisor sets for
+// itself but must not pass on to the command: the leader process ignores
+// the job-control stops (so that Ctrl-Z cannot freeze it), the supervisor
+// ignores the terminal's signals, and ignored signals stay ignored across
+// exec.
+var commandSignals = []os.Signal{
+	syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU,
+	syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE,
+}
+
+// jobControlSignals always have their default action in the command, as
+// job control expects, whatever the leader process does with them.
+var jobControlSignals = map[os.Signal]bool{syscall.SIGTSTP: true, syscall.SIGTTIN: true, syscall.SIGTTOU: true}
+
+// restoreForCommand returns the signals of commandSignals that the command
+// must get with their default action: the job-control signals, and the
+// others unless this process was started with them ignored (by nohup, for
+// example, which the command should inherit). Call it before ignoring any.
+func restoreForCommand() []os.Signal {
+	var out []os.Signal
+	for _, sig := range commandSignals {
+		if jobControlSignals[sig] || !signal.Ignored(sig) {
+			out = append(out, sig)
+		}
+	}
+	return out
+}
+
+// startCommand starts the command. The signals in restore get their default
+// action in it: for the instant of the fork the supervisor catches them
+// (the Go runtime resets caught signals to their default in a new process,
+// but leaves ignored ones ignored), then ignores them again. Only the
+// job-control signals and the terminal's are ignored here, and nothing the
+// supervisor does in that instant raises them.
+func startCommand(path string, argv []string, stdin *os.File, restore []os.Signal) (*os.Process, error) {
+	if len(restore) > 0 {
+		caught := make(chan os.Signal, 1)
+		signal.Notify(caught, restore...)
+		defer func() {
+			signal.Ignore(restore...)
+			signal.Stop(caught)
+		}()
+	}
+	return os.StartProcess(path, argv, &os.ProcAttr{
+		Env:   os.Environ(),
+		Files: []*os.File{stdin, os.Stdout, os.Stderr},
+		Sys:   commandAttr(),
+	})
 }
 
 // readControl forwards the leader's messages; end-of-file (or any error)

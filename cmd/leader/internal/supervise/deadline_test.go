@@ -1,0 +1,99 @@
+//go:build linux || darwin || dragonfly || freebsd || illumos || netbsd || openbsd
+
+package supervise
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func startUntil(t *testing.T, script string, grace time.Duration, deadline Deadline) *Child {
+	t.Helper()
+	c, err := Start(Options{Executable: os.Args[0], Command: []string{"sh", "-c", script}, Grace: grace, Deadline: deadline})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Kill() })
+	return c
+}
+
+func TestDeadlineStopsTheGroupUnlessExtended(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "grandchild")
+	at := time.Now().Add(300 * time.Millisecond)
+	d, err := DeadlineAt(at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startUntil(t, fmt.Sprintf("sleep 100 & echo $! > %s; wait", pidFile), 5*time.Second, d)
+	grandchild := readPid(t, pidFile)
+	r := c.Result()
+	late := time.Since(at)
+	if r.Signal != syscall.SIGTERM || !r.DeadlinePassed {
+		t.Errorf("result %+v, want killed by SIGTERM for its deadline", r)
+	}
+	if late < 0 || late > 2*time.Second {
+		t.Errorf("the group was gone %v after its deadline", late)
+	}
+	if exists(grandchild) {
+		t.Errorf("grandchild %d still runs", grandchild)
+	}
+}
+
+func TestExtendKeepsTheCommandRunning(t *testing.T) {
+	t.Parallel()
+	d, err := DeadlineAt(time.Now().Add(200 * time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startUntil(t, "sleep 100", time.Second, d)
+	// Keep moving the deadline on for a while: the command keeps running.
+	end := time.Now().Add(time.Second)
+	for time.Now().Before(end) {
+		d, err := DeadlineAt(time.Now().Add(200 * time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Extend(d)
+		select {
+		case <-c.Done():
+			t.Fatalf("stopped although extended: %+v", c.Result())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	// An earlier deadline, or one already passed (a frozen leader writing
+	// late), does not bring it forward; then it passes.
+	past, _ := DeadlineAt(time.Now().Add(-time.Hour))
+	c.Extend(past)
+	began := time.Now()
+	r := c.Result()
+	if !r.DeadlinePassed || time.Since(began) > 2*time.Second {
+		t.Errorf("result %+v after %v, want stopped for the deadline within about 200ms", r, time.Since(began))
+	}
+}
+
+func TestACommandPastItsDeadlineDoesNotStart(t *testing.T) {
+	t.Parallel()
+	ran := filepath.Join(t.TempDir(), "ran")
+	d, err := DeadlineAt(time.Now().Add(-time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Start(Options{Executable: os.Args[0], Command: []string{"touch", ran}, Grace: time.Second, Deadline: d})
+	var se *StartError
+	if !errors.As(err, &se) || !se.Result.DeadlinePassed || !errors.Is(err, ErrDeadlinePassed) {
+		t.Fatalf("err %v, want a StartError for a passed deadline", err)
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Error("the command ran")
+	}
+	if _, err := Start(Options{Executable: os.Args[0], Command: []string{"true"}}); err == nil {
+		t.Error("started a command without a deadline")
+	}
+}
