@@ -5,6 +5,8 @@ package supervise
 import (
 	"fmt"
 	"time"
+
+	"github.com/leaderelect/leader/internal/monotime"
 )
 
 // Deadline is a moment on the host's CLOCK_MONOTONIC, in nanoseconds: an
@@ -23,7 +25,7 @@ type Deadline int64
 // before time.Until, so that a pause between the two makes the deadline
 // earlier, never later.
 func DeadlineAt(t time.Time) (Deadline, error) {
-	now, err := monotonicNow()
+	now, err := monotime.Now()
 	if err != nil {
 		return 0, fmt.Errorf("supervise: reading the monotonic clock: %w", err)
 	}
@@ -32,7 +34,7 @@ func DeadlineAt(t time.Time) (Deadline, error) {
 
 // until returns how long is left before d, on the host's monotonic clock.
 func (d Deadline) until() (time.Duration, error) {
-	now, err := monotonicNow()
+	now, err := monotime.Now()
 	if err != nil {
 		return 0, err
 	}

@@ -1,4 +1,4 @@
-package supervise
+package monotime
 
 import (
 	"os"
@@ -9,11 +9,10 @@ import (
 // clockMonotonic is CLOCK_MONOTONIC from <time.h>.
 const clockMonotonic = 1
 
-// monotonicNow reads CLOCK_MONOTONIC: nanoseconds since a point shortly
-// before boot, the same for every process on the host, never set or stepped,
-// stopped while the host is suspended. It is also the clock the Go runtime's
-// monotonic readings and timers use on Linux.
-func monotonicNow() (int64, error) {
+// Now reads CLOCK_MONOTONIC in nanoseconds. On Linux it is also the clock
+// the Go runtime's monotonic readings and timers use, and it stops while the
+// host is suspended.
+func Now() (int64, error) {
 	var ts syscall.Timespec
 	_, _, errno := syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, clockMonotonic, uintptr(unsafe.Pointer(&ts)), 0)
 	if errno != 0 {
