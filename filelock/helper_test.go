@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"testing"
 	"time"
 
+	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/filelock"
 )
 
@@ -64,3 +66,39 @@ func helperMain() int {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// followChild runs an Elector with ID "parent" for "job" on s until the test
+// ends, and returns once it has seen the child holder lead. elected receives
+// the term of each grant to the parent.
+func followChild(t *testing.T, s leader.Store, ttl time.Duration) (e *leader.Elector, elected chan uint64) {
+	t.Helper()
+	elected = make(chan uint64, 1)
+	e, err := leader.New(s, leader.Config{
+		Name:   "job",
+		ID:     "parent",
+		TTL:    ttl,
+		Logger: discardLogger(),
+		OnElected: func(ctx context.Context) {
+			term, _ := leader.TermFrom(ctx)
+			elected <- term
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	deadline := time.Now().Add(waitTimeout)
+	for e.Status().Leader != "child" {
+		if time.Now().After(deadline) {
+			t.Fatalf("elector did not observe the child leading within %v; status %+v", waitTimeout, e.Status())
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval
+	}
+	return e, elected
+}

@@ -1,7 +1,6 @@
 package filelock_test
 
 import (
-	"context"
 	"slices"
 	"syscall"
 	"testing"
@@ -112,34 +111,7 @@ func TestHandoverBetweenProcessesIsEventDriven(t *testing.T) {
 	const ttl = time.Hour
 	child := startHolder(t, dir, "job", "child", ttl)
 	s := open(t, dir, filelock.WithPollInterval(time.Hour))
-	elected := make(chan uint64, 1)
-	e, err := leader.New(s, leader.Config{
-		Name:   "job",
-		ID:     "parent",
-		TTL:    ttl,
-		Logger: discardLogger(),
-		OnElected: func(ctx context.Context) {
-			term, _ := leader.TermFrom(ctx)
-			elected <- term
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
-	deadline := time.Now().Add(waitTimeout)
-	for e.Status().Leader != "child" {
-		if time.Now().After(deadline) {
-			t.Fatalf("elector did not observe the child leading within %v; status %+v", waitTimeout, e.Status())
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval
-	}
+	_, elected := followChild(t, s, ttl)
 
 	released := time.Now()
 	child.release(t)

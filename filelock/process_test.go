@@ -5,7 +5,6 @@ package filelock_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"io"
 	"os"
 	"os/exec"
@@ -14,8 +13,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/leaderelect/leader"
 )
 
 // holder is a child process holding a lease.
@@ -197,37 +194,7 @@ func TestElectorTakesOverFromKilledProcess(t *testing.T) {
 	child := startHolder(t, dir, "job", "child", ttl)
 
 	s := open(t, dir)
-	elected := make(chan uint64, 1)
-	e, err := leader.New(s, leader.Config{
-		Name:   "job",
-		ID:     "parent",
-		TTL:    ttl,
-		Logger: discardLogger(),
-		OnElected: func(ctx context.Context) {
-			term, _ := leader.TermFrom(ctx)
-			elected <- term
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
-
-	// Wait until the Elector has seen the child lead, so that it is
-	// waiting on the lease's 30s expiry (or a wake-up) when the child dies.
-	deadline := time.Now().Add(waitTimeout)
-	for e.Status().Leader != "child" {
-		if time.Now().After(deadline) {
-			t.Fatalf("elector did not observe the child leading within %v; status %+v", waitTimeout, e.Status())
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval
-	}
+	_, elected := followChild(t, s, ttl)
 	select {
 	case term := <-elected:
 		t.Fatalf("elected (term %d) while the child holds the lease", term)
