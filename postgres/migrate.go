@@ -27,8 +27,9 @@ var migrateLockKey = func() int64 {
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }()
 
-// Migrate creates the lease table described by opts (and its schema, if
-// missing), or does nothing if it exists. It is safe to run every time a
+// Migrate creates the tables described by opts (the lease table, the
+// advisory strategy's table and the Router's message table, and their
+// schema, if missing), or does nothing for those that exist. It is safe to run every time a
 // program starts, from many processes at once: it runs in one transaction
 // that first takes a transaction-scoped advisory lock, so concurrent calls
 // wait for each other instead of racing on the catalog. It needs the
@@ -48,7 +49,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("postgres: migrate: %w", err)
 	}
-	what := fmt.Sprintf("migrate %s", opts.qualifiedTable())
+	what := fmt.Sprintf("migrate schema %s", pgx.Identifier{opts.Schema}.Sanitize())
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
 			return fmt.Errorf("taking the migration lock: %w", err)
@@ -75,7 +76,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	return nil
 }
 
-// migrationScript returns every migration, in order, with the table name
+// migrationScript returns every migration, in order, with the table names
 // filled in.
 func migrationScript(opts Options) (string, error) {
 	names, err := fs.Glob(migrations, "migrations/*.sql")
@@ -88,7 +89,12 @@ func migrationScript(opts Options) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		b.WriteString(strings.ReplaceAll(string(sql), "{{table}}", opts.qualifiedTable()))
+		b.WriteString(strings.NewReplacer(
+			"{{table}}", opts.qualifiedTable(),
+			"{{advisory_table}}", opts.qualifiedAdvisoryTable(),
+			"{{message_table}}", opts.qualifiedMessageTable(),
+			"{{message_index}}", opts.messageIndex(),
+		).Replace(string(sql)))
 		b.WriteString("\n")
 	}
 	return b.String(), nil

@@ -101,6 +101,12 @@ const (
 	DefaultSchema = "public"
 	// DefaultTable is the table used when Options.Table is empty.
 	DefaultTable = "leader_leases"
+	// DefaultAdvisoryTable is the table used when Options.AdvisoryTable is
+	// empty.
+	DefaultAdvisoryTable = "leader_advisory"
+	// DefaultMessageTable is the table used when Options.MessageTable is
+	// empty.
+	DefaultMessageTable = "leader_messages"
 )
 
 // maxIdentifierLength is PostgreSQL's NAMEDATALEN-1. Longer identifiers are
@@ -113,26 +119,44 @@ const maxIdentifierLength = 63
 // every watcher of the store.
 const maxPayloadLength = 7999
 
-// Options configures a LeaseStore and Migrate. The zero value is valid and
-// uses the defaults. A LeaseStore must use the same Schema and Table as the
-// Migrate call that created its table, and every LeaseStore sharing a table
-// must use the same Channel.
+// Options configures the stores (LeaseStore, AdvisoryStore), the Router and
+// Migrate. The zero value is valid and uses the defaults. Every store and
+// Router must use the same Schema and table names as the Migrate call that
+// created their tables, and every store sharing a table must use the same
+// Channel.
 type Options struct {
-	// Schema is the schema of the lease table. Default DefaultSchema
+	// Schema is the schema of the tables. Default DefaultSchema
 	// ("public"). Migrate creates it if it does not exist. At most 63
 	// bytes; any characters (it is always quoted).
 	Schema string
 
-	// Table is the name of the lease table. Default DefaultTable
-	// ("leader_leases"). At most 63 bytes; any characters (it is always
-	// quoted).
+	// Table is the name of the lease table (the lease strategy). Default
+	// DefaultTable ("leader_leases"). At most 63 bytes; any characters (it
+	// is always quoted).
 	Table string
 
-	// Channel is the LISTEN/NOTIFY channel for wake-ups. Default
-	// "<schema>.<table>" (for example "public.leader_leases"), or, when that
-	// is longer than 63 bytes, "leader_" followed by 16 hex digits of its
-	// SHA-256. At most 63 bytes.
+	// AdvisoryTable is the name of the advisory strategy's term table.
+	// Default DefaultAdvisoryTable ("leader_advisory"). At most 63 bytes;
+	// any characters (it is always quoted).
+	AdvisoryTable string
+
+	// MessageTable is the name of the Router's table of durable messages.
+	// Default DefaultMessageTable ("leader_messages"). At most 63 bytes;
+	// any characters (it is always quoted).
+	MessageTable string
+
+	// Channel is the LISTEN/NOTIFY channel for the stores' wake-ups (the
+	// payload is the election name). Default "<schema>.<table>" (for
+	// example "public.leader_leases"), or, when that is longer than 63
+	// bytes, "leader_" followed by 16 hex digits of its SHA-256. At most 63
+	// bytes.
 	Channel string
+
+	// MessageChannel is the LISTEN/NOTIFY channel on which the Router
+	// announces durable messages to the leader (the payload is the
+	// Router's channel name). Default "<schema>.<message table>", shortened
+	// like Channel. At most 63 bytes.
+	MessageChannel string
 
 	// Logger receives the wake-up listener's connection problems (a
 	// warning when the connection is lost, debug on each failed retry, info
@@ -161,8 +185,17 @@ func (o Options) withDefaults() Options {
 	if o.Table == "" {
 		o.Table = DefaultTable
 	}
+	if o.AdvisoryTable == "" {
+		o.AdvisoryTable = DefaultAdvisoryTable
+	}
+	if o.MessageTable == "" {
+		o.MessageTable = DefaultMessageTable
+	}
 	if o.Channel == "" {
 		o.Channel = defaultChannel(o.Schema, o.Table)
+	}
+	if o.MessageChannel == "" {
+		o.MessageChannel = defaultChannel(o.Schema, o.MessageTable)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -171,11 +204,16 @@ func (o Options) withDefaults() Options {
 }
 
 func defaultChannel(schema, table string) string {
-	ch := schema + "." + table
-	if len(ch) <= maxIdentifierLength {
-		return ch
+	return shortName(schema + "." + table)
+}
+
+// shortName returns s if PostgreSQL would keep it whole as an identifier,
+// and otherwise "leader_" followed by 16 hex digits of its SHA-256.
+func shortName(s string) string {
+	if len(s) <= maxIdentifierLength {
+		return s
 	}
-	sum := sha256.Sum256([]byte(ch))
+	sum := sha256.Sum256([]byte(s))
 	return "leader_" + hex.EncodeToString(sum[:8])
 }
 
@@ -184,7 +222,10 @@ func (o Options) validate() error {
 	for _, f := range []struct{ field, value string }{
 		{"Schema", o.Schema},
 		{"Table", o.Table},
+		{"AdvisoryTable", o.AdvisoryTable},
+		{"MessageTable", o.MessageTable},
 		{"Channel", o.Channel},
+		{"MessageChannel", o.MessageChannel},
 	} {
 		switch {
 		case len(f.value) > maxIdentifierLength:
@@ -197,9 +238,27 @@ func (o Options) validate() error {
 	return nil
 }
 
-// qualifiedTable returns the quoted, schema-qualified table name.
+// qualifiedTable returns the quoted, schema-qualified lease table name.
 func (o Options) qualifiedTable() string {
 	return pgx.Identifier{o.Schema, o.Table}.Sanitize()
+}
+
+// qualifiedAdvisoryTable returns the quoted, schema-qualified name of the
+// advisory strategy's table.
+func (o Options) qualifiedAdvisoryTable() string {
+	return pgx.Identifier{o.Schema, o.AdvisoryTable}.Sanitize()
+}
+
+// qualifiedMessageTable returns the quoted, schema-qualified name of the
+// Router's message table.
+func (o Options) qualifiedMessageTable() string {
+	return pgx.Identifier{o.Schema, o.MessageTable}.Sanitize()
+}
+
+// messageIndex returns the quoted name of the message table's (channel, id)
+// index, which lives in the table's schema.
+func (o Options) messageIndex() string {
+	return pgx.Identifier{shortName(o.MessageTable + "_channel_id")}.Sanitize()
 }
 
 // LeaseStore is a leader.Store on a PostgreSQL lease table (see the package
