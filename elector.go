@@ -400,6 +400,24 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 		close(stopped)
 	})
 	defer stopTimer.Stop()
+	// A store that learns of a loss before the next renewal (see
+	// LossNotifier) ends leadership the same way, on a goroutine of its
+	// own; the loop learns of it through lost.
+	var lost chan struct{}
+	if ln, ok := e.store.(LossNotifier); ok {
+		if ch := ln.Lost(e.cfg.Name, e.cand.Token, term); ch != nil {
+			lost = make(chan struct{})
+			leaderDone := lctx.Done() // closed by end on every way out
+			go func() {
+				select {
+				case <-ch:
+					end("the store reports the lease lost")
+					close(lost)
+				case <-leaderDone:
+				}
+			}()
+		}
+	}
 	e.cfg.Metrics.Acquired(e.cfg.Name, term)
 	e.cfg.Metrics.StatusChanged(e.cfg.Name, true)
 	e.log.Info("elected", slog.Uint64("term", term), slog.Time("expires_at", lease.ExpiresAt))
@@ -419,6 +437,7 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 		resigned chan error // Resign's; answered once OnDemoted has returned
 		results  = make(chan renewal, 1)
 		inflight bool
+		released bool // the store freed the lease itself: nothing to release
 	)
 	// Renewal calls run on their own goroutine so that the loop is free to
 	// notice the stop point even if a call outlives its context; rpcs
@@ -452,6 +471,11 @@ loop:
 				continue
 			}
 			reason, resigned = stop(LossResigned), req.done
+			break loop
+		case <-lost:
+			reason, released = LossConnLost, true
+			e.log.Error("the store reports the lease lost (for example its session with the server ended); stepped down",
+				slog.Uint64("term", term))
 			break loop
 		case <-stopped:
 			reason = unreachable()
@@ -546,8 +570,8 @@ loop:
 			slog.Uint64("term", term))
 	}
 
-	switch reason {
-	case LossExpired, LossError:
+	switch {
+	case released || reason == LossExpired || reason == LossError:
 		// Not ours to release, or the store refuses writes.
 		e.observe(Lease{Name: e.cfg.Name})
 	default:

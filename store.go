@@ -89,6 +89,20 @@ type Store interface {
 	Watch(ctx context.Context, name string) (<-chan struct{}, error)
 }
 
+// LossNotifier is implemented by a Store that can learn that a lease is lost
+// before the holder's next renewal would find out: for example a store
+// whose lease is a lock held by a server session, which learns the moment
+// the server ends that session. The Elector checks for it at each grant and
+// steps down as soon as the channel is closed, without waiting for the next
+// renewal.
+type LossNotifier interface {
+	// Lost returns a channel that is closed once the store knows that the
+	// lease for name granted to token under term is no longer held, or nil
+	// if it cannot tell for that lease. The channel must not be closed
+	// while the lease is held.
+	Lost(name, token string, term uint64) <-chan struct{}
+}
+
 // Errors a Store returns, wrapped with detail; test them with errors.Is.
 var (
 	// ErrLeaseLost means the lease is not (or no longer) held by the caller's
