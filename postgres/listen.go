@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,66 +26,111 @@ const (
 	listenCallTimeout = 10 * time.Second
 )
 
+// wakeups serves Watch for a store: one dedicated connection that LISTENs
+// on Options.Channel and wakes the watchers of the election name in each
+// notification's payload.
+type wakeups struct {
+	config  *pgx.ConnConfig
+	channel string
+	what    string // who needs the session, for ErrPooledSession
+	log     *slog.Logger
+
+	mu       sync.Mutex
+	watchers map[string]map[chan struct{}]struct{}
+	closed   bool
+	stop     context.CancelFunc // stops the listener; nil until the first Watch
+	stopped  chan struct{}      // closed when the listener has returned
+	pooled   error              // non-nil once the listener found a pooled session
+
+	// pingEvery is listenPingEvery; tests shorten it.
+	pingEvery time.Duration
+	// onListen, set only by tests, is called with the listener's backend
+	// PID each time LISTEN succeeds, after the watchers were woken.
+	onListen func(pid uint32)
+}
+
+func newWakeups(config *pgx.ConnConfig, opts Options, what string) wakeups {
+	return wakeups{
+		config:    config,
+		channel:   opts.Channel,
+		what:      what,
+		log:       opts.Logger.With(slog.String("channel", opts.Channel)),
+		watchers:  make(map[string]map[chan struct{}]struct{}),
+		pingEvery: listenPingEvery,
+	}
+}
+
 // Watch implements leader.Store. The channel receives a value soon after the
-// lease for name is released or granted by any LeaseStore on the same table
-// and channel, and once after the listener connection is (re)established,
-// as a notification may have been missed before. Values are coalesced (the
+// lease for name is released or granted by any store on the same table and
+// channel, and once after the listener connection is (re)established, as a
+// notification may have been missed before. Values are coalesced (the
 // channel has a buffer of one) and may be spurious. The channel is closed
 // after ctx ends.
 //
 // The first Watch opens the store's listener connection in the background;
 // Watch does not wait for it. While the listener cannot LISTEN (the server
-// is down, or refuses LISTEN), the channel stays silent. After Close it
-// stays silent too, and Watch returns an error wrapping ErrClosed.
-func (s *LeaseStore) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
+// is down, or refuses LISTEN), the channel stays silent. Behind a
+// transaction-pooling proxy (see ErrPooledSession) the listener does not
+// LISTEN at all, says so in a warning, and the channels stay silent for
+// good: followers then wake at the expiry Acquire reported. After Close the
+// channels stay silent too, and Watch returns an error wrapping ErrClosed.
+func (w *wakeups) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("postgres: %s: %w", call("watch", name), err)
 	}
 	ch := make(chan struct{}, 1)
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
 		return nil, fmt.Errorf("postgres: %s: %w", call("watch", name), ErrClosed)
 	}
-	set := s.watchers[name]
-	if set == nil {
-		set = make(map[chan struct{}]struct{})
-		s.watchers[name] = set
-	}
-	set[ch] = struct{}{}
-	if s.stop == nil {
+	w.addLocked(name, ch)
+	if w.stop == nil {
 		// The watcher is registered before the listener starts, so the
 		// wake-up it sends once listening reaches this watcher, covering
 		// events between now and then.
 		listenCtx, stop := context.WithCancel(context.Background())
-		s.stop, s.stopped = stop, make(chan struct{})
-		go s.listen(listenCtx, s.stopped)
+		w.stop, w.stopped = stop, make(chan struct{})
+		go w.listen(listenCtx, w.stopped)
 	}
-	s.mu.Unlock()
+	w.mu.Unlock()
 
 	context.AfterFunc(ctx, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if set := s.watchers[name]; set != nil {
-			delete(set, ch)
-			if len(set) == 0 {
-				delete(s.watchers, name)
-			}
-		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.removeLocked(name, ch)
 		close(ch) // under mu, so wake never sends on a closed channel
 	})
 	return ch, nil
+}
+
+func (w *wakeups) addLocked(name string, ch chan struct{}) {
+	set := w.watchers[name]
+	if set == nil {
+		set = make(map[chan struct{}]struct{})
+		w.watchers[name] = set
+	}
+	set[ch] = struct{}{}
+}
+
+func (w *wakeups) removeLocked(name string, ch chan struct{}) {
+	if set := w.watchers[name]; set != nil {
+		delete(set, ch)
+		if len(set) == 0 {
+			delete(w.watchers, name)
+		}
+	}
 }
 
 // Close stops the wake-up listener and closes its connection, and waits
 // until it has. Watchers then stay silent until their contexts end. The
 // store's other methods keep working while the pool is open; Close does not
 // close the pool. Close may be called more than once.
-func (s *LeaseStore) Close() {
-	s.mu.Lock()
-	s.closed = true
-	stop, stopped := s.stop, s.stopped
-	s.mu.Unlock()
+func (w *wakeups) Close() {
+	w.mu.Lock()
+	w.closed = true
+	stop, stopped := w.stop, w.stopped
+	w.mu.Unlock()
 	if stop != nil {
 		stop()
 		<-stopped
@@ -93,14 +139,14 @@ func (s *LeaseStore) Close() {
 
 // wake wakes the watchers of the name in payload, or all watchers for an
 // empty payload (see maxPayloadLength).
-func (s *LeaseStore) wake(payload string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (w *wakeups) wake(payload string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if payload == "" {
-		s.wakeAllLocked()
+		w.wakeAllLocked()
 		return
 	}
-	for ch := range s.watchers[payload] {
+	for ch := range w.watchers[payload] {
 		select {
 		case ch <- struct{}{}:
 		default: // a value is pending already; coalesce
@@ -108,8 +154,8 @@ func (s *LeaseStore) wake(payload string) {
 	}
 }
 
-func (s *LeaseStore) wakeAllLocked() {
-	for _, set := range s.watchers {
+func (w *wakeups) wakeAllLocked() {
+	for _, set := range w.watchers {
 		for ch := range set {
 			select {
 			case ch <- struct{}{}:
@@ -121,13 +167,21 @@ func (s *LeaseStore) wakeAllLocked() {
 
 // listen keeps a listener connection open until ctx ends, opening it again
 // with backoff whenever it fails, and closes stopped when it returns.
-func (s *LeaseStore) listen(ctx context.Context, stopped chan<- struct{}) {
+func (w *wakeups) listen(ctx context.Context, stopped chan<- struct{}) {
 	defer close(stopped)
 	retry := listenRetryMin
 	failures := 0
 	for {
-		listened, err := s.listenOnce(ctx, failures > 0)
+		listened, err := w.listenOnce(ctx, failures > 0)
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, ErrPooledSession) {
+			w.mu.Lock()
+			w.pooled = err
+			w.mu.Unlock()
+			w.log.Warn("store wake-ups are off: LISTEN does not work through a transaction-pooling proxy; followers will try at the lease's expiry instead",
+				slog.Any("error", err))
 			return
 		}
 		if listened {
@@ -139,7 +193,7 @@ func (s *LeaseStore) listen(ctx context.Context, stopped chan<- struct{}) {
 			level = slog.LevelDebug // said once per outage
 		}
 		wait := retry + rand.N(retry/5+1)
-		s.log.Log(ctx, level, "wake-up listener lost; watchers are silent until it is back",
+		w.log.Log(ctx, level, "wake-up listener lost; watchers are silent until it is back",
 			slog.Any("error", err), slog.Duration("retry_in", wait), slog.Int("failures", failures))
 		timer := time.NewTimer(wait)
 		select {
@@ -155,9 +209,9 @@ func (s *LeaseStore) listen(ctx context.Context, stopped chan<- struct{}) {
 // listenOnce opens a connection, LISTENs, wakes every watcher, and passes
 // notifications on until the connection fails or ctx ends. It reports
 // whether LISTEN succeeded, and why it returned.
-func (s *LeaseStore) listenOnce(ctx context.Context, recovering bool) (listened bool, err error) {
+func (w *wakeups) listenOnce(ctx context.Context, recovering bool) (listened bool, err error) {
 	callCtx, cancel := context.WithTimeout(ctx, listenCallTimeout)
-	conn, err := pgx.ConnectConfig(callCtx, s.listenConfig)
+	conn, err := pgx.ConnectConfig(callCtx, w.config)
 	cancel()
 	if err != nil {
 		return false, fmt.Errorf("connecting: %w", err)
@@ -169,30 +223,33 @@ func (s *LeaseStore) listenOnce(ctx context.Context, recovering bool) (listened 
 	}()
 
 	callCtx, cancel = context.WithTimeout(ctx, listenCallTimeout)
-	_, err = conn.Exec(callCtx, "LISTEN "+pgx.Identifier{s.opts.Channel}.Sanitize())
+	err = checkSession(callCtx, conn, w.what)
+	if err == nil {
+		_, err = conn.Exec(callCtx, "LISTEN "+pgx.Identifier{w.channel}.Sanitize())
+	}
 	cancel()
 	if err != nil {
 		return false, fmt.Errorf("LISTEN: %w", err)
 	}
 	if recovering {
-		s.log.Info("wake-up listener is back")
+		w.log.Info("wake-up listener is back")
 	}
 	// Notifications sent before LISTEN took effect were missed: wake
 	// everyone so that followers look now instead of at the expiry.
-	s.mu.Lock()
-	s.wakeAllLocked()
-	s.mu.Unlock()
-	if s.onListen != nil {
-		s.onListen(conn.PgConn().PID())
+	w.mu.Lock()
+	w.wakeAllLocked()
+	w.mu.Unlock()
+	if w.onListen != nil {
+		w.onListen(conn.PgConn().PID())
 	}
 
 	for {
-		waitCtx, cancel := context.WithTimeout(ctx, s.pingEvery)
+		waitCtx, cancel := context.WithTimeout(ctx, w.pingEvery)
 		n, err := conn.WaitForNotification(waitCtx)
 		cancel()
 		switch {
 		case err == nil:
-			s.wake(n.Payload)
+			w.wake(n.Payload)
 		case ctx.Err() != nil:
 			return true, ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():

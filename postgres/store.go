@@ -86,7 +86,6 @@ import (
 	"log/slog"
 	"math"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -157,6 +156,12 @@ type Options struct {
 	// Router's channel name). Default "<schema>.<message table>", shortened
 	// like Channel. At most 63 bytes.
 	MessageChannel string
+
+	// Key returns the advisory lock key for an election name (the advisory
+	// strategy only). Default AdvisoryKey. Every AdvisoryStore on one
+	// database must use the same Key; see AdvisoryKey for the collision
+	// risk of the default.
+	Key func(name string) int64
 
 	// Logger receives the wake-up listener's connection problems (a
 	// warning when the connection is lost, debug on each failed retry, info
@@ -265,23 +270,10 @@ func (o Options) messageIndex() string {
 // documentation). It is safe for concurrent use by many Electors and many
 // names. Create it with NewLeaseStore after Migrate, and Close it when done.
 type LeaseStore struct {
-	pool         *pgxpool.Pool
-	opts         Options
-	log          *slog.Logger
-	listenConfig *pgx.ConnConfig
-	sql          statements
-
-	mu       sync.Mutex
-	watchers map[string]map[chan struct{}]struct{}
-	closed   bool
-	stop     context.CancelFunc // stops the listener; nil until the first Watch
-	stopped  chan struct{}      // closed when the listener has returned
-
-	// pingEvery is listenPingEvery; tests shorten it.
-	pingEvery time.Duration
-	// onListen, set only by tests, is called with the listener's backend
-	// PID each time LISTEN succeeds, after the watchers were woken.
-	onListen func(pid uint32)
+	pool *pgxpool.Pool
+	opts Options
+	sql  statements
+	wakeups
 }
 
 var _ leader.Store = (*LeaseStore)(nil)
@@ -298,13 +290,10 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 		return nil, err
 	}
 	return &LeaseStore{
-		pool:         pool,
-		opts:         opts,
-		log:          opts.Logger.With(slog.String("channel", opts.Channel)),
-		listenConfig: pool.Config().ConnConfig,
-		sql:          newStatements(opts.qualifiedTable()),
-		watchers:     make(map[string]map[chan struct{}]struct{}),
-		pingEvery:    listenPingEvery,
+		pool:    pool,
+		opts:    opts,
+		sql:     newStatements(opts.qualifiedTable()),
+		wakeups: newWakeups(pool.Config().ConnConfig, opts, "the lease store's wake-ups"),
 	}, nil
 }
 

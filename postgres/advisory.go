@@ -1,0 +1,589 @@
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leaderelect/leader"
+)
+
+// AdvisoryStore is a leader.Store on PostgreSQL session advisory locks: the
+// advisory strategy. Where the LeaseStore keeps a lease in a row and lets it
+// run out, the AdvisoryStore's lease is a lock that the server frees the
+// moment the holder's session ends, so a leader whose process dies is
+// replaced as soon as the server notices the closed connection, without
+// waiting for a TTL.
+//
+// # Sessions
+//
+// Each candidate (an election name and an Elector's token) campaigns and
+// holds the lock on a connection of its own, opened from the pool's
+// configuration, never taken from the pool and never returned to it: a lock
+// left on a pooled connection would outlive its holder. The connection is
+// kept between attempts and closed after sessionIdle unused, or by Close.
+// Closing it frees any lock it holds, so a candidate that stops without
+// releasing still hands over at once.
+//
+// # The fencing term
+//
+// A grant takes the lock with pg_try_advisory_lock and, in the same
+// statement, bumps the name's term in Options.AdvisoryTable: the term grows
+// at every grant, and rows are never deleted. Renew and Release check the
+// row's token, term and holder backend.
+//
+// # Deadlines on both sides
+//
+// The holder's Renew is a heartbeat: one statement on its session, bounded
+// by the Elector's context, so the leader steps down at its local deadline
+// (sent + TTL - DriftMargin) if heartbeats stop succeeding. Each grant and
+// heartbeat also sets, on the holder's server session, idle_session_timeout
+// and tcp_user_timeout to the TTL and the TCP keepalive idle time to the TTL
+// rounded up to a second. So the server frees the lock of a holder that has
+// vanished silently (its host gone, or its packets black-holed) no earlier
+// than TTL after it last heard from it, which is after the holder's own
+// deadline, and no later than about TTL plus a little timer slack: the
+// session is idle between heartbeats, and idle_session_timeout ends it.
+// A holder that is paused (SIGSTOP) is ended the same way. The keepalive
+// and user timeout cover a session that is not idle (a heartbeat whose
+// reply could not be delivered), ending it within about TTL plus four
+// seconds.
+//
+// This needs PostgreSQL 14 or later (idle_session_timeout);
+// NewAdvisoryStore refuses older servers.
+//
+// # When the server ends a holder's session
+//
+// If the server itself ends the holder's session (pg_terminate_backend, a
+// restart, a crash), the lock is freed at once, while the holder may still
+// believe it leads until its next heartbeat. To keep that window small the
+// store reads the holder's idle session all the time: the server sends its
+// FATAL message before it frees the lock, and the store then tells the
+// Elector at once (leader.LossNotifier), which steps down before a
+// successor, which needs at least one more round trip, can be granted the
+// lock. That ordering is not a guarantee on a starved machine: writes made
+// under leadership should carry the fencing term (leader.TermFrom), and
+// the resource should refuse a smaller term than it has seen.
+//
+// # Wake-ups
+//
+// Followers learn of a release or a grant from a NOTIFY, as with the
+// LeaseStore (see Watch). They learn that a holder's session ended without
+// a release from a lock waiter: for each watched name, a connection of the
+// store's blocks in pg_advisory_lock_shared on the key while the lock is
+// held (costing the server nothing), is granted the moment the holder's
+// session ends, unlocks at once, and wakes the name's watchers. A follower
+// then needs one round trip to take the lock.
+//
+// # Keys
+//
+// The lock's 64-bit key is Options.Key(name), by default AdvisoryKey(name).
+// See AdvisoryKey for the hash and the risk of collisions. A name's key is
+// recorded in its row and must be unique: a second name whose key is
+// already used by another name is refused at its first grant with an error
+// naming both, instead of silently sharing the lock.
+//
+// # Poolers
+//
+// The advisory strategy needs a session of its own with the server: behind
+// a transaction-pooling proxy such as PgBouncer the lock would stay on a
+// server connection that other clients go on using. NewAdvisoryStore, and
+// every session the store opens, refuse such a connection with an error
+// wrapping ErrPooledSession. Use the LeaseStore there.
+type AdvisoryStore struct {
+	pool   *pgxpool.Pool
+	opts   Options
+	config *pgx.ConnConfig // for sessions and lock waiters
+	sql    advisoryStatements
+	wakeups
+
+	smu      sync.Mutex
+	sessions map[sessionKey]*session
+	waiters  map[string]*lockWaiter
+	closing  bool
+	bg       sync.WaitGroup     // the reaper and the lock waiters
+	stopBg   context.CancelFunc // stops the reaper
+	bgCtx    context.Context
+
+	// sessionIdle is how long an unused session that holds nothing is kept;
+	// tests shorten it.
+	sessionIdle time.Duration
+}
+
+var (
+	_ leader.Store        = (*AdvisoryStore)(nil)
+	_ leader.LossNotifier = (*AdvisoryStore)(nil)
+)
+
+// Timing of the advisory store.
+const (
+	// sessionIdle is how long a candidate's session that holds nothing is
+	// kept open after its last use. A follower uses it at least once per
+	// TTL, so only sessions of stopped Electors are closed.
+	sessionIdle = 2 * time.Minute
+	// waiterPoll bounds how long a lock waiter trusts that a free lock is
+	// still free without a notification saying it was granted.
+	waiterPoll = 5 * time.Second
+	// minAdvisoryServer is the oldest server version (server_version_num)
+	// with idle_session_timeout.
+	minAdvisoryServer = 140000
+)
+
+// AdvisoryKey returns the default advisory lock key for an election name:
+// the first 8 bytes, read as a big-endian two's-complement int64, of the
+// SHA-256 of "leader:" followed by the name.
+//
+// Two different names get the same key with probability about n²/2⁶⁵ for n
+// names (about 3 in a trillion for 10,000 names). The AdvisoryStore catches
+// a collision between its own names at the second name's first grant. It
+// cannot know of other programs' advisory locks in the same database: a
+// program that happens to lock the same key would block the election
+// while it holds it (never elect two leaders). To choose keys yourself, set
+// Options.Key.
+func AdvisoryKey(name string) int64 {
+	sum := sha256.Sum256([]byte("leader:" + name))
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}
+
+// keyHalves returns how pg_locks shows key: its high and low 32 bits as
+// unsigned numbers (classid and objid).
+func keyHalves(key int64) (hi, lo int64) {
+	u := uint64(key)
+	return int64(u >> 32), int64(u & math.MaxUint32)
+}
+
+// NewAdvisoryStore returns an AdvisoryStore on the table that Migrate created
+// with the same opts. It connects once to check that the server can serve
+// the advisory strategy: PostgreSQL 14 or later, a session of its own (no
+// transaction-pooling proxy, see ErrPooledSession), and the table migrated.
+// It returns an *OptionsError if opts break a rule. The pool stays the
+// caller's: Close does not close it.
+func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*AdvisoryStore, error) {
+	if pool == nil {
+		return nil, errors.New("postgres: NewAdvisoryStore: pool is nil")
+	}
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	config := pool.Config().ConnConfig.Copy()
+	// A context that ends must only cut the connection short (which frees
+	// any lock), never open another one to cancel the statement.
+	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	s := &AdvisoryStore{
+		pool:        pool,
+		opts:        opts,
+		config:      config,
+		sql:         newAdvisoryStatements(opts.qualifiedAdvisoryTable()),
+		wakeups:     newWakeups(config, opts, "the advisory store's wake-ups"),
+		sessions:    make(map[sessionKey]*session),
+		waiters:     make(map[string]*lockWaiter),
+		sessionIdle: sessionIdle,
+	}
+	if err := s.check(ctx); err != nil {
+		return nil, err
+	}
+	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
+	s.bg.Go(s.reap)
+	return s, nil
+}
+
+// check opens a connection and checks the server, the session and the
+// table.
+func (s *AdvisoryStore) check(ctx context.Context) error {
+	const what = "NewAdvisoryStore"
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return wrapError(ctx, what, err)
+	}
+	defer closeConn(conn)
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return wrapError(ctx, what, err)
+	}
+	if version < minAdvisoryServer {
+		return fmt.Errorf("postgres: %s: the advisory strategy needs PostgreSQL 14 or later (for idle_session_timeout, which frees a vanished holder's lock); the server is version %d; use the lease strategy (NewLeaseStore)",
+			what, version)
+	}
+	if _, err := conn.Exec(ctx, "SELECT FROM "+s.opts.qualifiedAdvisoryTable()+" LIMIT 0"); err != nil {
+		if sqlState(err) == "42P01" { // undefined_table
+			return fmt.Errorf("postgres: %s: table %s does not exist; run Migrate with the same Options first: %w",
+				what, s.opts.qualifiedAdvisoryTable(), err)
+		}
+		return wrapError(ctx, what, err)
+	}
+	return nil
+}
+
+// connect opens a connection of the store's own and checks that it is a
+// session of its own with the server.
+func (s *AdvisoryStore) connect(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, s.config)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSession(ctx, conn, "the advisory strategy"); err != nil {
+		closeConn(conn)
+		return nil, err
+	}
+	return conn, nil
+}
+
+// closeConn closes conn, best effort, within a second: the server frees the
+// session's locks when it sees the connection close.
+func closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// Options returns the store's options with their defaults filled in.
+func (s *AdvisoryStore) Options() Options { return s.opts }
+
+// Key returns the advisory lock key the store uses for name.
+func (s *AdvisoryStore) Key(name string) int64 {
+	if s.opts.Key != nil {
+		return s.opts.Key(name)
+	}
+	return AdvisoryKey(name)
+}
+
+// ttlSettings returns the TTL as an interval, and as the text values of the
+// server settings that arm the holder's deadline: milliseconds (rounded up),
+// keepalive idle seconds (rounded up, at least 1) and keepalive interval
+// seconds (a third of that, at least 1).
+func ttlSettings(ttl time.Duration) (iv time.Duration, ms, idle, every string) {
+	msec := (ttl + time.Millisecond - 1) / time.Millisecond
+	msec = min(max(msec, 1), math.MaxInt32)
+	secs := min(max((ttl+time.Second-1)/time.Second, 1), math.MaxInt32)
+	return interval(ttl), strconv.FormatInt(int64(msec), 10), strconv.FormatInt(int64(secs), 10),
+		strconv.FormatInt(int64(max(secs/3, 1)), 10)
+}
+
+// Acquire implements leader.Store. It takes the lock for name on the
+// candidate's session (opening it if needed) and bumps the term in the same
+// statement; for the holder it bumps the term only. When it grants nothing
+// it reports the holder and how long the holder's session would last
+// without another heartbeat.
+func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	const op = "acquire"
+	if err := checkTTL(op, name, ttl); err != nil {
+		return leader.Lease{}, false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return leader.Lease{}, false, fmt.Errorf("postgres: %s: %w", call(op, name), err)
+	}
+	for {
+		ss, err := s.session(name, c.Token)
+		if err != nil {
+			return leader.Lease{}, false, err
+		}
+		var (
+			l       leader.Lease
+			granted bool
+		)
+		err = ss.do(ctx, s, true, func(conn *pgx.Conn) error {
+			l, granted, err = s.acquireOn(ctx, ss, conn, name, c, ttl)
+			return err
+		})
+		switch {
+		case errors.Is(err, errSessionGone):
+			continue // reaped while we waited for it: a new one
+		case err != nil:
+			return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
+		}
+		return l, granted, nil
+	}
+}
+
+// acquireOn runs the grant (or re-grant) on the session's connection; the
+// caller holds the session's turn.
+func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Conn, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	iv, ms, idle, every := ttlSettings(ttl)
+	hi, lo := keyHalves(ss.key)
+	if ss.isHeld() {
+		var (
+			term       int64
+			acquiredAt time.Time
+			n          int64
+		)
+		err := conn.QueryRow(ctx, s.sql.regrant, name, c.Token, c.ID, iv, ms, idle, every, s.opts.Channel, hi, lo).
+			Scan(&term, &acquiredAt, &n)
+		switch {
+		case err == nil:
+			ss.grant(uint64(term), c.ID)
+			return leader.Lease{Name: name, HolderID: c.ID, Term: uint64(term), AcquiredAt: acquiredAt,
+				ExpiresAt: acquiredAt.Add(ttl), Remaining: ttl}, true, nil
+		case errors.Is(err, pgx.ErrNoRows):
+			// The session no longer holds the row or the lock (someone
+			// changed the row by hand?): close it, freeing whatever it
+			// holds; the next attempt starts afresh.
+			return leader.Lease{}, false, errors.Join(errSessionReset, errNotHeld)
+		default:
+			return leader.Lease{}, false, err
+		}
+	}
+	// A refusal is reported as the lease stood when the statement began. If
+	// that view is not settled, look again: another candidate has taken the
+	// lock but its statement has not committed the row yet (locked but not
+	// held), or no one holds the lock and the attempt lost only to a lock
+	// waiter's shared lock, which it lets go within its statement.
+	for attempt := 1; ; attempt++ {
+		r, err := s.grantOn(ctx, conn, ss, name, c, iv, ms, idle, every, hi, lo)
+		if err != nil {
+			return leader.Lease{}, false, err
+		}
+		if r.granted() || r.held || attempt == settleAttempts {
+			return r.lease(name, c.ID, ttl), r.granted(), nil
+		}
+		timer := time.NewTimer(time.Duration(attempt) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return leader.Lease{}, false, ctx.Err()
+		case <-timer.C:
+		}
+	}
+}
+
+// settleAttempts bounds how often acquireOn tries when the lease's state is
+// not settled; the waits between add up to about 50 ms.
+const settleAttempts = 10
+
+// grantResult is what the grant statement reports.
+type grantResult struct {
+	got                       bool
+	term, curTerm             *int64
+	acquiredAt, curAcquiredAt *time.Time
+	other, curHolder          *string
+	held, locked              bool
+	remaining                 time.Duration
+}
+
+func (r grantResult) granted() bool { return r.got && r.term != nil }
+
+// lease reports r as a leader.Lease: the grant to holderID for ttl, or the
+// lease as it stood.
+func (r grantResult) lease(name, holderID string, ttl time.Duration) leader.Lease {
+	if r.granted() {
+		return leader.Lease{Name: name, HolderID: holderID, Term: uint64(*r.term), AcquiredAt: *r.acquiredAt,
+			ExpiresAt: r.acquiredAt.Add(ttl), Remaining: ttl}
+	}
+	l := leader.Lease{Name: name}
+	if r.curTerm != nil {
+		l.Term = uint64(*r.curTerm)
+	}
+	if r.held && r.remaining > 0 && r.curHolder != nil && r.curAcquiredAt != nil {
+		l.HolderID, l.AcquiredAt, l.Remaining = *r.curHolder, *r.curAcquiredAt, r.remaining
+		l.ExpiresAt = time.Now().Add(r.remaining) // for display; decisions use Remaining
+	}
+	return l
+}
+
+// grantOn runs the grant statement once on conn, recording a grant in ss.
+func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate,
+	iv time.Duration, ms, idle, every string, hi, lo int64) (grantResult, error) {
+	var (
+		r grantResult
+		n int64
+	)
+	err := conn.QueryRow(ctx, s.sql.grant, name, ss.key, c.Token, c.ID, iv, ms, idle, every, s.opts.Channel, hi, lo).
+		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked)
+	if err != nil {
+		if sqlState(err) == "23505" { // unique_violation: the key, taken by another name at the same moment
+			return r, fmt.Errorf("advisory key %d of %q is used by another election name (raced for its first grant); give one of them another key with Options.Key: %w",
+				ss.key, name, err)
+		}
+		return r, err
+	}
+	if r.got && r.term == nil {
+		// Locked, but the key belongs to another name: let it go.
+		var unlocked bool
+		if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", ss.key).Scan(&unlocked); err != nil || !unlocked {
+			return r, errors.Join(errSessionReset, err)
+		}
+		return r, fmt.Errorf("advisory key %d of %q is already used by election %q (a hash collision, or the same Options.Key given twice); give one of them another key with Options.Key, or delete the unused name's row from %s",
+			ss.key, name, deref(r.other), s.opts.qualifiedAdvisoryTable())
+	}
+	if r.granted() {
+		ss.grant(uint64(*r.term), c.ID)
+	}
+	return r, nil
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+// errSessionReset means the session's state is unknown after a failed step:
+// the session is closed (freeing any lock) and the call fails.
+var errSessionReset = errors.New("session state unknown; connection closed, which frees the lock")
+
+// Renew implements leader.Store. It is the holder's heartbeat: one statement
+// on its session that checks that the session still holds the lock and the
+// row under term, and re-arms the server's timeouts for ttl (see the type's
+// documentation). If the session has ended, or a heartbeat fails and
+// leaves the session's state unknown, the session is closed and Renew
+// returns an error wrapping leader.ErrLeaseLost: the lock cannot be renewed
+// from another session.
+func (s *AdvisoryStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
+	const op = "renew"
+	if err := checkTTL(op, name, ttl); err != nil {
+		return leader.Lease{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return leader.Lease{}, fmt.Errorf("postgres: %s: %w", call(op, name), err)
+	}
+	lost := fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+	ss := s.heldSession(name, token, term)
+	if ss == nil {
+		return leader.Lease{}, lost
+	}
+	var acquiredAt time.Time
+	err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {
+		if !ss.heldUnder(term) {
+			return errNotHeld
+		}
+		iv, ms, idle, every := ttlSettings(ttl)
+		hi, lo := keyHalves(ss.key)
+		var n int64
+		err := conn.QueryRow(ctx, s.sql.renew, name, token, int64(term), iv, ms, idle, every, hi, lo).Scan(&acquiredAt, &n)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errors.Join(errSessionReset, errNotHeld)
+		}
+		return err
+	})
+	switch {
+	case err == nil:
+		return leader.Lease{Name: name, HolderID: ss.id(), Term: term, AcquiredAt: acquiredAt,
+			ExpiresAt: time.Now().Add(ttl), Remaining: ttl}, nil
+	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
+		return leader.Lease{}, fmt.Errorf("%w: %w", lost, err)
+	case errors.Is(err, errSessionDropped):
+		// The heartbeat failed and the session was closed: the lock is
+		// gone with it (or will be, as soon as the server notices), and
+		// no other session can renew it.
+		return leader.Lease{}, fmt.Errorf("%w: %w", lost, wrapError(ctx, call(op, name), err))
+	default:
+		return leader.Lease{}, wrapError(ctx, call(op, name), err)
+	}
+}
+
+// Release implements leader.Store. In one statement on the holder's session
+// it clears the row (keeping the term), unlocks, and sends the wake-up. The
+// session stays open for the next campaign.
+func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term uint64) error {
+	const op = "release"
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("postgres: %s: %w", call(op, name), err)
+	}
+	lost := fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+	ss := s.heldSession(name, token, term)
+	if ss == nil {
+		return lost
+	}
+	err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {
+		if !ss.heldUnder(term) {
+			return errNotHeld
+		}
+		var unlocked, n int64
+		err := conn.QueryRow(ctx, s.sql.release, name, token, int64(term), ss.key, s.opts.Channel).Scan(&unlocked, &n)
+		switch {
+		case err != nil:
+			return err
+		case unlocked != 1:
+			// The row said this session held it, but the lock was not
+			// there to unlock: close the session to be sure.
+			return errors.Join(errSessionReset, errNotHeld)
+		}
+		ss.release()
+		return nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
+		return fmt.Errorf("%w: %w", lost, err)
+	default:
+		return wrapError(ctx, call(op, name), err)
+	}
+}
+
+// Observe implements leader.Store. It reads the row and, in the same
+// statement, whether the recorded holder's backend holds the lock now.
+func (s *AdvisoryStore) Observe(ctx context.Context, name string) (leader.Lease, error) {
+	hi, lo := keyHalves(s.Key(name))
+	var (
+		term       int64
+		holderID   string
+		acquiredAt *time.Time
+		ttl        *time.Duration
+		held       bool
+		locked     bool
+		remaining  time.Duration
+	)
+	err := s.pool.QueryRow(ctx, s.sql.observe, name, hi, lo).Scan(&term, &holderID, &acquiredAt, &ttl, &held, &locked, &remaining)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return leader.Lease{Name: name}, nil
+	}
+	if err != nil {
+		return leader.Lease{}, wrapError(ctx, call("observe", name), err)
+	}
+	l := leader.Lease{Name: name, Term: uint64(term)}
+	if held && remaining > 0 && acquiredAt != nil {
+		l.HolderID, l.AcquiredAt, l.Remaining = holderID, *acquiredAt, remaining
+		l.ExpiresAt = time.Now().Add(remaining)
+	}
+	return l, nil
+}
+
+// Lost implements leader.LossNotifier: the channel is closed as soon as the
+// store learns that the session holding name for token under term has
+// ended (the server ended it, or the connection broke), and at once if the
+// session does not hold it.
+func (s *AdvisoryStore) Lost(name, token string, term uint64) <-chan struct{} {
+	if ss := s.heldSession(name, token, term); ss != nil {
+		if ch := ss.lostChan(term); ch != nil {
+			return ch
+		}
+	}
+	closed := make(chan struct{})
+	close(closed)
+	return closed
+}
+
+// Close closes every session the store opened (freeing any lock they hold,
+// so Electors should have stopped first), stops the lock waiters and the
+// wake-up listener, and waits for them. Close may be called more than once.
+func (s *AdvisoryStore) Close() {
+	s.smu.Lock()
+	s.closing = true
+	sessions := s.sessions
+	s.sessions = make(map[sessionKey]*session)
+	for _, w := range s.waiters {
+		w.stop()
+	}
+	s.smu.Unlock()
+	s.stopBg()
+	for _, ss := range sessions {
+		ss.close()
+	}
+	s.wakeups.Close()
+	s.bg.Wait()
+}

@@ -1,0 +1,431 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Why a session cannot do what was asked.
+var (
+	errNotHeld = errors.New("this session does not hold the lock under that term")
+	// errSessionDropped is added to the error of a call after which the
+	// session's connection was closed: any lock it held is freed (at once,
+	// or as soon as the server notices).
+	errSessionDropped = errors.New("session closed, freeing its lock")
+	// errSessionGone means the session was closed for good (reaped or the
+	// store closed) while the call waited for it.
+	errSessionGone = errors.New("session closed while waiting for it")
+)
+
+type sessionKey struct{ name, token string }
+
+// session is one candidate's connection: the one that campaigns for, holds
+// and releases the lock of one election name for one Elector token.
+//
+// turn serializes the use of conn. While the session holds the lock and no
+// call uses it, a reader goroutine waits on conn, so that the FATAL message
+// a server sends before it ends the session is seen at once (see Lost).
+type session struct {
+	name, token string
+	key         int64
+	turn        chan struct{} // capacity 1: held while using conn
+
+	// Owned by whoever holds turn.
+	conn       *pgx.Conn
+	stopReader context.CancelFunc
+	readerDone chan struct{}
+
+	gone bool // closed for good; owned by whoever holds turn
+
+	mu       sync.Mutex
+	held     bool
+	term     uint64
+	holderID string
+	lost     chan struct{} // while held: closed when the lease is known lost
+	lastUsed time.Time
+}
+
+// session returns the session for name and token, creating it (without
+// connecting) if needed.
+func (s *AdvisoryStore) session(name, token string) (*session, error) {
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	if s.closing {
+		return nil, fmt.Errorf("postgres: %s: %w", call("acquire", name), ErrClosed)
+	}
+	k := sessionKey{name, token}
+	ss := s.sessions[k]
+	if ss == nil {
+		ss = &session{name: name, token: token, key: s.Key(name), turn: make(chan struct{}, 1), lastUsed: time.Now()}
+		s.sessions[k] = ss
+	}
+	return ss, nil
+}
+
+// heldSession returns the session for name and token if it holds the lock
+// under term, and nil otherwise.
+func (s *AdvisoryStore) heldSession(name, token string, term uint64) *session {
+	s.smu.Lock()
+	ss := s.sessions[sessionKey{name, token}]
+	s.smu.Unlock()
+	if ss == nil || !ss.heldUnder(term) {
+		return nil
+	}
+	return ss
+}
+
+// do runs fn on the session's connection, connecting first if connect is
+// set and there is none (otherwise fn is not run and do returns
+// errNotHeld). If fn fails leaving the session's state unknown
+// (errSessionReset) or its connection closed, the session is dropped: its
+// connection is closed, which frees any lock, a held lease is marked lost,
+// and the error wraps errSessionDropped.
+func (ss *session) do(ctx context.Context, s *AdvisoryStore, connect bool, fn func(conn *pgx.Conn) error) error {
+	select {
+	case ss.turn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-ss.turn }()
+	if ss.gone {
+		return errSessionGone
+	}
+	ss.haltReader()
+	defer ss.touch()
+	if ss.conn != nil && ss.conn.IsClosed() {
+		ss.drop() // ended while idle: the reader saw it, or it broke
+	}
+	if ss.conn == nil {
+		ss.markLost()
+		if !connect {
+			return errNotHeld
+		}
+		conn, err := s.connect(ctx)
+		if err != nil {
+			return err
+		}
+		ss.conn = conn
+	}
+	err := fn(ss.conn)
+	if err != nil && (errors.Is(err, errSessionReset) || ss.conn.IsClosed()) {
+		ss.drop()
+		err = fmt.Errorf("%w (%w)", err, errSessionDropped)
+	}
+	if ss.isHeld() {
+		ss.startReader()
+	}
+	return err
+}
+
+// drop closes the connection (the server frees its locks when it sees it
+// close) and marks a held lease lost. The caller holds turn, and the
+// reader is stopped.
+func (ss *session) drop() {
+	if ss.conn != nil {
+		closeConn(ss.conn)
+		ss.conn = nil
+	}
+	ss.markLost()
+}
+
+// markLost marks a held lease lost.
+func (ss *session) markLost() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.held {
+		ss.held = false
+		close(ss.lost)
+		ss.lost = nil
+	}
+}
+
+func (ss *session) grant(term uint64, holderID string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.held {
+		close(ss.lost) // the previous term's lease is over
+	}
+	ss.held, ss.term, ss.holderID, ss.lost = true, term, holderID, make(chan struct{})
+}
+
+func (ss *session) release() { ss.markLost() }
+
+func (ss *session) isHeld() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.held
+}
+
+func (ss *session) heldUnder(term uint64) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.held && ss.term == term
+}
+
+func (ss *session) lostChan(term uint64) chan struct{} {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.held && ss.term == term {
+		return ss.lost
+	}
+	return nil
+}
+
+func (ss *session) id() string {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.holderID
+}
+
+func (ss *session) touch() {
+	ss.mu.Lock()
+	ss.lastUsed = time.Now()
+	ss.mu.Unlock()
+}
+
+// startReader waits on the idle connection until haltReader, or until the
+// connection ends: the server's FATAL message (sent before it frees the
+// session's locks) or a broken connection marks the lease lost at once.
+// The caller holds turn.
+func (ss *session) startReader() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	ss.stopReader, ss.readerDone = cancel, done
+	conn := ss.conn
+	go func() {
+		defer close(done)
+		for {
+			_, err := conn.WaitForNotification(ctx)
+			switch {
+			case ctx.Err() != nil:
+				return // halted: a call needs the connection
+			case err == nil:
+				continue // a notification; the session does not LISTEN, but never mind
+			default:
+				ss.markLost()
+				return
+			}
+		}
+	}()
+}
+
+// haltReader stops the reader, if any, and waits for it. The caller holds
+// turn.
+func (ss *session) haltReader() {
+	if ss.stopReader != nil {
+		ss.stopReader()
+		<-ss.readerDone
+		ss.stopReader, ss.readerDone = nil, nil
+	}
+}
+
+// close closes the session for good.
+func (ss *session) close() {
+	ss.turn <- struct{}{}
+	defer func() { <-ss.turn }()
+	ss.closeLocked()
+}
+
+// closeLocked closes the session for good; the caller holds turn.
+func (ss *session) closeLocked() {
+	ss.gone = true
+	ss.haltReader()
+	ss.drop()
+}
+
+// reap closes the sessions that hold nothing and were not used for
+// sessionIdle, until the store is closed.
+func (s *AdvisoryStore) reap() {
+	tick := time.NewTicker(max(s.sessionIdle/4, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.bgCtx.Done():
+			return
+		case <-tick.C:
+		}
+		s.smu.Lock()
+		var idle []*session
+		for k, ss := range s.sessions {
+			ss.mu.Lock()
+			unused := !ss.held && time.Since(ss.lastUsed) > s.sessionIdle
+			ss.mu.Unlock()
+			if !unused {
+				continue
+			}
+			select {
+			case ss.turn <- struct{}{}: // not in use; kept until closed below
+				delete(s.sessions, k)
+				idle = append(idle, ss)
+			default:
+			}
+		}
+		s.smu.Unlock()
+		for _, ss := range idle {
+			ss.closeLocked()
+			<-ss.turn
+		}
+	}
+}
+
+// lockWaiter is the lock waiter of one watched name.
+type lockWaiter struct {
+	refs int
+	stop context.CancelFunc
+}
+
+// Watch implements leader.Store. The channel receives a value soon after the
+// lock for name is released or granted (a NOTIFY, as for the LeaseStore),
+// and soon after the holder's session ends without a release: while anyone
+// watches name, one connection of the store's waits in
+// pg_advisory_lock_shared for the holder to go (see AdvisoryStore).
+// Values are coalesced and may be spurious. The channel is closed after
+// ctx ends.
+func (s *AdvisoryStore) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
+	ch, err := s.wakeups.Watch(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	if s.closing {
+		return ch, nil
+	}
+	w := s.waiters[name]
+	if w == nil {
+		wctx, cancel := context.WithCancel(context.Background())
+		w = &lockWaiter{stop: cancel}
+		s.waiters[name] = w
+		s.bg.Go(func() { s.waitLoop(wctx, name) })
+	}
+	w.refs++
+	context.AfterFunc(ctx, func() {
+		s.smu.Lock()
+		defer s.smu.Unlock()
+		w.refs--
+		if w.refs == 0 && s.waiters[name] == w {
+			delete(s.waiters, name)
+			w.stop()
+		}
+	})
+	return ch, nil
+}
+
+// waitLoop runs name's lock waiter until ctx ends, connecting again with
+// backoff when its connection fails.
+func (s *AdvisoryStore) waitLoop(ctx context.Context, name string) {
+	sub := make(chan struct{}, 1) // grants and releases of name
+	s.wakeups.mu.Lock()
+	s.wakeups.addLocked(name, sub)
+	s.wakeups.mu.Unlock()
+	defer func() {
+		s.wakeups.mu.Lock()
+		s.wakeups.removeLocked(name, sub)
+		s.wakeups.mu.Unlock()
+	}()
+	log := s.wakeups.log.With(slog.String("election", name))
+	retry := listenRetryMin
+	for failures := 0; ; failures++ {
+		conn, err := s.connectWaiter(ctx)
+		if err == nil {
+			if failures > 0 {
+				log.Info("lock waiter is back")
+			}
+			retry, failures = listenRetryMin, 0
+			err = s.waitOn(ctx, conn, name, sub)
+			closeConn(conn)
+			if ctx.Err() == nil {
+				s.wake(name) // the holder may have gone while we were not waiting
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, ErrPooledSession) {
+			log.Warn("lock waiter is off: it needs a session of its own", slog.Any("error", err))
+			return
+		}
+		level := slog.LevelWarn
+		if failures > 0 {
+			level = slog.LevelDebug
+		}
+		log.Log(ctx, level, "lock waiter lost; followers learn of a vanished holder only at its expiry until it is back",
+			slog.Any("error", err), slog.Duration("retry_in", retry))
+		timer := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		retry = min(2*retry, listenRetryMax)
+	}
+}
+
+// connectWaiter opens a lock waiter's connection: a session of its own,
+// whose blocking statement no server default may cut short, and whose
+// server process notices within a second that the waiter went away.
+func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
+	config := s.config.Copy()
+	for k, v := range map[string]string{
+		"statement_timeout":                "0",
+		"lock_timeout":                     "0",
+		"idle_session_timeout":             "0",
+		"client_connection_check_interval": "1000",
+	} {
+		config.RuntimeParams[k] = v
+	}
+	callCtx, cancel := context.WithTimeout(ctx, listenCallTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(callCtx, config)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSession(callCtx, conn, "the advisory store's lock waiter"); err != nil {
+		closeConn(conn)
+		return nil, err
+	}
+	return conn, nil
+}
+
+// waitOn waits, while the lock of name is held, for its holder to go, and
+// wakes name's watchers each time it does. While the lock is free it waits
+// for a grant (sub) instead, so that it never spins.
+func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}) error {
+	key := s.Key(name)
+	hi, lo := keyHalves(key)
+	for {
+		select {
+		case <-sub: // about to look anyway
+		default:
+		}
+		var held bool
+		if err := conn.QueryRow(ctx, s.sql.held, hi, lo).Scan(&held); err != nil {
+			return err
+		}
+		if !held {
+			timer := time.NewTimer(waiterPoll)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return ctx.Err()
+			case <-sub:
+			case <-timer.C:
+			}
+			timer.Stop()
+			continue
+		}
+		// Granted the shared lock only once no one holds it exclusively;
+		// it is let go in the same statement.
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key); err != nil {
+			return err
+		}
+		s.wake(name)
+	}
+}

@@ -1,0 +1,190 @@
+package postgres
+
+import "strings"
+
+// advisoryStatements are the advisory strategy's SQL, with the table name
+// filled in. Every statement names the lock by key and, where it reads
+// pg_locks, by the key's two halves: PostgreSQL shows a bigint advisory
+// key's high 32 bits as classid and its low 32 bits as objid (both of type
+// oid, so unsigned), with objsubid 1. Comparing the halves as bigints is
+// what makes ownership checks right for every key, negative ones and those
+// at and above 2^32 included.
+type advisoryStatements struct {
+	grant, regrant, renew, release, observe, held string
+}
+
+// heldBy returns the SQL query for the backends holding the exclusive
+// advisory lock whose key halves are the parameters hi and lo, in this
+// database.
+func heldBy(hi, lo string) string {
+	return `SELECT l.pid FROM pg_locks AS l
+	WHERE l.locktype = 'advisory'
+		AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+		AND l.classid::bigint = ` + hi + ` AND l.objid::bigint = ` + lo + ` AND l.objsubid = 1
+		AND l.mode = 'ExclusiveLock' AND l.granted`
+}
+
+// holderSettings returns the SQL select list that arms the server's side of
+// the holder's deadline on its session: idle_session_timeout ends the
+// session, and so frees the lock, once the holder has sent nothing for the
+// TTL; tcp_user_timeout and the keepalives do the same for a connection
+// that went silent while the server had something to say or was probing.
+// ms is the parameter with the TTL in milliseconds, idle and interval those
+// with the keepalive idle time and interval in seconds (all as text).
+func holderSettings(ms, idle, interval string) string {
+	return `set_config('idle_session_timeout', ` + ms + `, false),
+		set_config('tcp_user_timeout', ` + ms + `, false),
+		set_config('tcp_keepalives_idle', ` + idle + `, false),
+		set_config('tcp_keepalives_interval', ` + interval + `, false),
+		set_config('tcp_keepalives_count', '3', false)`
+}
+
+// followerSettings disarms holderSettings after a release: a follower's
+// session may sit idle for longer than a TTL between attempts.
+const followerSettings = `set_config('idle_session_timeout', '0', false),
+		set_config('tcp_user_timeout', '0', false),
+		set_config('tcp_keepalives_idle', '0', false),
+		set_config('tcp_keepalives_interval', '0', false),
+		set_config('tcp_keepalives_count', '0', false)`
+
+// observeRow returns the SQL query for the lease of the name in parameter
+// name, with the key halves in parameters hi and lo, in table: the row,
+// whether its recorded holder backend holds the lock now ("held"), whether
+// any backend holds it exclusively ("locked": true without "held" while a
+// grant has taken the lock but not yet committed its row), and how long the
+// lease has left. A holder that is idle (between heartbeats) is ended by the server
+// once it has been idle for its TTL, so the lease has state_change + ttl -
+// now left; a holder running a statement has its whole TTL, counted from
+// when the statement ends. Where pg_stat_activity hides another role's
+// sessions, the whole TTL is reported.
+func observeRow(table, name, hi, lo string) string {
+	return `SELECT a.term, a.holder_id, a.acquired_at, a.ttl, h.pid IS NOT NULL AS held,
+		EXISTS (` + heldBy(hi, lo) + `) AS locked,
+		CASE
+			WHEN h.pid IS NULL THEN interval '0'
+			WHEN act.state = 'idle' AND act.state_change IS NOT NULL THEN
+				least(a.ttl, greatest(act.state_change + a.ttl - clock_timestamp(), interval '1 millisecond'))
+			ELSE a.ttl
+		END AS remaining
+	FROM ` + table + ` AS a
+	LEFT JOIN LATERAL (` + heldBy(hi, lo) + ` AND l.pid = a.holder_pid LIMIT 1) AS h ON true
+	LEFT JOIN pg_stat_activity AS act ON act.pid = h.pid
+	WHERE a.name = ` + name
+}
+
+func newAdvisoryStatements(table string) advisoryStatements {
+	// {t} is the table, {payload} the NOTIFY payload for the row's name.
+	fill := strings.NewReplacer("{t}", table, "{payload}", payload).Replace
+	return advisoryStatements{
+		// Grant, on a session that does not hold the lock: $1 name, $2 key,
+		// $3 token, $4 candidate ID, $5 ttl, $6 ttl in ms, $7 keepalive
+		// idle, $8 keepalive interval, $9 channel, $10 and $11 the key's
+		// halves.
+		//
+		// "lk" tries the lock (materialized, so it runs exactly once).
+		// "other" is another name already using the key: then nothing is
+		// granted, and the caller unlocks. "granted" bumps the term in the
+		// same statement, so the term grows at every grant and a grant
+		// without a term cannot happen; it takes the row over whatever it
+		// says, since holding the lock proves its holder is gone. The
+		// holder's settings and the wake-up follow a grant. "cur" is the
+		// lease as it stood when the statement began, for a refused
+		// candidate.
+		grant: fill(`
+WITH lk AS MATERIALIZED (
+	SELECT pg_try_advisory_lock($2) AS got
+), other AS (
+	SELECT a.name FROM {t} AS a WHERE a.key = $2 AND a.name <> $1 LIMIT 1
+), granted AS (
+	INSERT INTO {t} AS a (name, key, term, holder_token, holder_id, holder_pid, ttl, acquired_at)
+	SELECT $1, $2, 1, $3, $4, pg_backend_pid(), $5::interval, clock_timestamp()
+	FROM lk WHERE lk.got AND NOT EXISTS (SELECT FROM other)
+	ON CONFLICT (name) DO UPDATE
+	SET (key, term, holder_token, holder_id, holder_pid, ttl, acquired_at) = (
+		excluded.key, a.term + 1, excluded.holder_token, excluded.holder_id,
+		excluded.holder_pid, excluded.ttl, excluded.acquired_at)
+	RETURNING a.term, a.acquired_at, a.name
+), armed AS (
+	SELECT ` + holderSettings("$6", "$7", "$8") + ` FROM granted
+), notified AS (
+	SELECT pg_notify($9, {payload}) FROM granted
+), cur AS (
+	` + observeRow("{t}", "$1", "$10", "$11") + `
+)
+SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
+	(SELECT count(*) FROM armed) + (SELECT count(*) FROM notified),
+	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
+	coalesce(c.locked, EXISTS (` + heldBy("$10", "$11") + `))
+FROM lk
+LEFT JOIN granted AS g ON true
+LEFT JOIN cur AS c ON true`),
+
+		// Re-grant to the holder, on its session: $1 name, $2 token, $3
+		// candidate ID, $4 ttl, $5 ttl in ms, $6 keepalive idle, $7
+		// keepalive interval, $8 channel, $9 and $10 the key's halves. Only
+		// while this backend still holds the lock and the row.
+		regrant: fill(`
+WITH granted AS (
+	UPDATE {t} AS a
+	SET (term, holder_id, ttl, acquired_at) = (a.term + 1, $3, $4::interval, clock_timestamp())
+	WHERE a.name = $1 AND a.holder_token = $2 AND a.holder_pid = pg_backend_pid()
+		AND EXISTS (` + heldBy("$9", "$10") + ` AND l.pid = pg_backend_pid())
+	RETURNING a.term, a.acquired_at, a.name
+), armed AS (
+	SELECT ` + holderSettings("$5", "$6", "$7") + ` FROM granted
+), notified AS (
+	SELECT pg_notify($8, {payload}) FROM granted
+)
+SELECT g.term, g.acquired_at, (SELECT count(*) FROM armed) + (SELECT count(*) FROM notified)
+FROM granted AS g`),
+
+		// Renew, the heartbeat, on the holder's session: $1 name, $2 token,
+		// $3 term, $4 ttl, $5 ttl in ms, $6 keepalive idle, $7 keepalive
+		// interval, $8 and $9 the key's halves. It proves the session is
+		// alive and still holds the lock under the term, and re-arms the
+		// server's timeouts (the TTL may change); the row is written only
+		// when the TTL changed.
+		renew: fill(`
+WITH cur AS (
+	SELECT a.acquired_at, a.ttl FROM {t} AS a
+	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
+		AND EXISTS (` + heldBy("$8", "$9") + ` AND l.pid = pg_backend_pid())
+), changed AS (
+	UPDATE {t} AS a SET ttl = $4::interval
+	FROM cur WHERE a.name = $1 AND cur.ttl IS DISTINCT FROM $4::interval
+	RETURNING a.name
+), armed AS (
+	SELECT ` + holderSettings("$5", "$6", "$7") + ` FROM cur
+)
+SELECT c.acquired_at, (SELECT count(*) FROM changed) + (SELECT count(*) FROM armed)
+FROM cur AS c`),
+
+		// Release, on the holder's session: $1 name, $2 token, $3 term, $4
+		// key, $5 channel. Clears the row, unlocks, disarms the holder's
+		// timeouts and sends the wake-up, only if this backend holds the
+		// row under the term. The unlock takes effect at once; a follower
+		// that takes the lock before this statement commits waits for the
+		// row, and then bumps the term this statement kept.
+		release: fill(`
+WITH released AS (
+	UPDATE {t} AS a
+	SET (holder_token, holder_id, holder_pid, ttl, acquired_at) = (NULL, '', NULL, NULL, NULL)
+	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
+	RETURNING a.name
+), unlocked AS (
+	SELECT pg_advisory_unlock($4) AS ok FROM released
+), disarmed AS (
+	SELECT ` + followerSettings + ` FROM released
+), notified AS (
+	SELECT pg_notify($5, {payload}) FROM released
+)
+SELECT (SELECT count(*) FROM unlocked WHERE ok),
+	(SELECT count(*) FROM disarmed) + (SELECT count(*) FROM notified)`),
+
+		// Observe: $1 name, $2 and $3 the key's halves.
+		observe: observeRow(table, "$1", "$2", "$3"),
+
+		// Held: whether anyone holds the lock; $1 and $2 the key's halves.
+		held: `SELECT EXISTS (` + heldBy("$1", "$2") + `)`,
+	}
+}
