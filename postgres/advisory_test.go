@@ -1,12 +1,21 @@
 package postgres
 
 import (
-	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
 	"github.com/leaderelect/leader/internal/pgtest"
 	"github.com/leaderelect/leader/leadertest"
 )
@@ -35,4 +44,372 @@ func TestAdvisoryConformance(t *testing.T) {
 	})
 }
 
-var _ = context.Background
+// advisoryElector returns an Elector for id on its own AdvisoryStore (as if
+// in a process of its own) on pool, recording its leadership in h.
+func advisoryElector(t *testing.T, pool *pgxpool.Pool, h *electortest.History, name, id string, ttl time.Duration) (*leader.Elector, *AdvisoryStore) {
+	t.Helper()
+	s, err := NewAdvisoryStore(callCtx(t), pool, Options{})
+	if err != nil {
+		t.Fatalf("NewAdvisoryStore: %v", err)
+	}
+	t.Cleanup(s.Close)
+	logger := slog.New(slog.DiscardHandler)
+	if os.Getenv("LEADER_TEST_LOG") != "" {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", id)
+	}
+	cfg := leader.Config{Name: name, ID: id, TTL: ttl, Logger: logger}
+	cfg.OnElected, cfg.OnDemoted = h.Hooks(t, id)
+	e, err := leader.New(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, s
+}
+
+// holderSession returns the session of s that holds name.
+func (s *AdvisoryStore) holderSession(t *testing.T, name string) *session {
+	t.Helper()
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	for k, ss := range s.sessions {
+		if k.name == name && ss.isHeld() {
+			return ss
+		}
+	}
+	t.Fatalf("no session of the store holds %q", name)
+	return nil
+}
+
+// cutConnection closes the socket of the session holding name, as the
+// kernel does when the holder's process dies.
+func (s *AdvisoryStore) cutConnection(t *testing.T, name string) {
+	t.Helper()
+	ss := s.holderSession(t, name)
+	ss.turn <- struct{}{} // no call uses conn; the reader only reads it
+	nc := ss.conn.PgConn().Conn()
+	<-ss.turn
+	if err := nc.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// leaderOf returns the one Elector of es that leads, waiting for it.
+func leaderOf(t *testing.T, es []*leader.Elector, within time.Duration) *leader.Elector {
+	t.Helper()
+	electortest.Eventually(t, within, "one leader", func() bool { return len(electortest.Leaders(es)) == 1 })
+	return electortest.Leaders(es)[0]
+}
+
+func TestAdvisoryElectors(t *testing.T) {
+	t.Parallel()
+	// A TTL far longer than any takeover measured here: a takeover that
+	// waited for a TTL would show.
+	const ttl = 10 * time.Second
+
+	// takeovers runs four Electors and, three times, ends the leader's
+	// leadership with end and measures how long until another leads.
+	takeovers := func(t *testing.T, what string, end func(t *testing.T, pool *pgxpool.Pool, e *leader.Elector, s *AdvisoryStore, stop func())) {
+		pool := pgtest.NewPool(t)
+		if err := Migrate(callCtx(t), pool, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		h := electortest.NewHistory()
+		var es []*leader.Elector
+		stores := map[*leader.Elector]*AdvisoryStore{}
+		stops := map[*leader.Elector]func(){}
+		for i := range 4 {
+			id := fmt.Sprint("c", i)
+			e, s := advisoryElector(t, pool, h, "advisory", id, ttl)
+			es = append(es, e)
+			stores[e] = s
+			stops[e] = electortest.Run(t, e)
+		}
+		var took []time.Duration
+		for range 3 {
+			old := leaderOf(t, es, 15*time.Second)
+			oldTerm := old.Status().Term
+			// Let every follower settle into waiting.
+			electortest.Eventually(t, 10*time.Second, "followers to see the leader", func() bool {
+				for _, e := range es {
+					if e.Status().Term != oldTerm {
+						return false
+					}
+				}
+				return true
+			})
+			time.Sleep(100 * time.Millisecond)
+			start := time.Now()
+			end(t, pool, old, stores[old], stops[old])
+			es = slices.DeleteFunc(es, func(e *leader.Elector) bool { return e == old })
+			next := leaderOf(t, es, 2*ttl)
+			took = append(took, time.Since(start))
+			if term := next.Status().Term; term <= oldTerm {
+				t.Errorf("term went from %d to %d", oldTerm, term)
+			}
+			stops[old]()
+		}
+		t.Logf("advisory takeover after %s (TTL %v): %v", what, ttl, took)
+		for _, d := range took {
+			if d > 2*time.Second {
+				t.Errorf("takeover after %s took %v; it must not wait for the TTL (%v)", what, d, ttl)
+			}
+		}
+	}
+
+	t.Run("a graceful stop hands over in well under a second", func(t *testing.T) {
+		t.Parallel()
+		takeovers(t, "a graceful stop", func(t *testing.T, _ *pgxpool.Pool, _ *leader.Elector, _ *AdvisoryStore, stop func()) {
+			stop()
+		})
+	})
+
+	t.Run("a leader whose connection closes is replaced as soon as the server notices", func(t *testing.T) {
+		t.Parallel()
+		takeovers(t, "the leader's connection closed", func(t *testing.T, _ *pgxpool.Pool, e *leader.Elector, s *AdvisoryStore, _ func()) {
+			s.cutConnection(t, "advisory")
+		})
+	})
+
+	t.Run("a leader whose backend is terminated steps down before the next is elected", func(t *testing.T) {
+		t.Parallel()
+		takeovers(t, "pg_terminate_backend", func(t *testing.T, pool *pgxpool.Pool, e *leader.Elector, s *AdvisoryStore, _ func()) {
+			var terminated bool
+			err := pool.QueryRow(callCtx(t), `SELECT pg_terminate_backend(holder_pid) FROM leader_advisory WHERE name = 'advisory'`).Scan(&terminated)
+			if err != nil || !terminated {
+				t.Fatalf("pg_terminate_backend: %v, %v", terminated, err)
+			}
+		})
+	})
+
+	t.Run("five electors on one name never both lead, through handovers and cut connections", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		if err := Migrate(callCtx(t), pool, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		h := electortest.NewHistory() // fails the test on any overlap
+		var es []*leader.Elector
+		stores := map[*leader.Elector]*AdvisoryStore{}
+		for i := range 5 {
+			id := fmt.Sprint("c", i)
+			e, s := advisoryElector(t, pool, h, "five", id, 2*time.Second)
+			es = append(es, e)
+			stores[e] = s
+			electortest.Run(t, e)
+		}
+		for i := range 6 {
+			l := leaderOf(t, es, 10*time.Second)
+			if i%2 == 0 {
+				stores[l].cutConnection(t, "five")
+			} else if err := l.Resign(callCtx(t)); err != nil {
+				t.Fatalf("Resign: %v", err)
+			}
+			electortest.Never(t, 300*time.Millisecond, "two leaders at once", func() bool { return len(electortest.Leaders(es)) > 1 })
+		}
+		if n := len(h.Elections()); n < 7 {
+			t.Errorf("%d elections; want at least 7", n)
+		}
+	})
+}
+
+// TestAdvisoryKeys checks that the lock taken for a name is the advisory
+// lock on exactly its key, as the server itself sees it, and that the
+// store's ownership checks tell it apart from locks that share half of it,
+// for keys on both sides of 2^31 and 2^32, negative keys and the extremes.
+func TestAdvisoryKeys(t *testing.T) {
+	t.Parallel()
+	keys := []int64{0, 1, 1<<31 - 1, 1 << 31, 1<<32 - 1, 1 << 32, 1<<32 + 5, 1<<40 | 7, 5 << 32,
+		-1, -(1 << 31), -(1 << 32), -(1<<32 + 5), math.MaxInt64, math.MinInt64}
+	pool := pgtest.NewPool(t)
+	byName := map[string]int64{}
+	for _, k := range keys {
+		byName[fmt.Sprint("key", k)] = k
+	}
+	s := setupAdvisory(t, pool, Options{Key: func(name string) int64 { return byName[name] }})
+
+	// other is another session, the server's own judge of who holds what.
+	other, err := pgx.ConnectConfig(callCtx(t), pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeConn(other)
+	try := func(sql string, args ...any) bool {
+		t.Helper()
+		var got bool
+		if err := other.QueryRow(callCtx(t), sql, args...).Scan(&got); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		return got
+	}
+
+	for _, k := range keys {
+		name := fmt.Sprint("key", k)
+		alice := candidate("alice")
+		if s.Key(name) != k {
+			t.Fatalf("Key(%q) = %d, want %d", name, s.Key(name), k)
+		}
+		// Locks that share the key's low half, or both halves in the
+		// two-int4 form, are not the name's lock.
+		hi, lo := keyHalves(k)
+		lookalike := k ^ (1 << 32)
+		if !try("SELECT pg_try_advisory_lock($1)", lookalike) || !try("SELECT pg_try_advisory_lock($1::int, $2::int)", int32(hi), int32(lo)) {
+			t.Fatalf("key %d: could not take the look-alike locks", k)
+		}
+		if o := observe(t, s, name); o.Held() {
+			t.Errorf("key %d: Observe reports a lease held before any grant (look-alike locks only): %+v", k, o)
+		}
+		held := mustGrant(t, s, name, alice, time.Minute)
+		if try("SELECT pg_try_advisory_lock($1)", k) {
+			t.Errorf("key %d: another session could take the lock of a granted name", k)
+		}
+		if o := observe(t, s, name); !o.Held() || o.HolderID != "alice" || o.Term != held.Term {
+			t.Errorf("key %d: Observe of the held name = %+v", k, o)
+		}
+		if l, granted := mustAcquire(t, s, name, candidate("bob"), time.Minute); granted || l.HolderID != "alice" {
+			t.Errorf("key %d: another candidate got %+v, granted %v; want refused and told alice holds it", k, l, granted)
+		}
+		mustRenew(t, s, name, alice, held.Term, time.Minute)
+		if err := s.Release(callCtx(t), name, alice.Token, held.Term); err != nil {
+			t.Fatalf("key %d: Release: %v", k, err)
+		}
+		if !try("SELECT pg_try_advisory_lock($1)", k) {
+			t.Errorf("key %d: the lock was not freed by Release", k)
+		}
+		if !try("SELECT pg_advisory_unlock($1) AND pg_advisory_unlock($2) AND pg_advisory_unlock($3::int, $4::int)", k, lookalike, int32(hi), int32(lo)) {
+			t.Fatalf("key %d: could not let the test's locks go", k)
+		}
+	}
+}
+
+func TestAdvisoryKeyCollision(t *testing.T) {
+	t.Parallel()
+	s := setupAdvisory(t, pgtest.NewPool(t), Options{Key: func(string) int64 { return 1<<32 + 42 }})
+	alice, bob := candidate("alice"), candidate("bob")
+	a := mustGrant(t, s, "first", alice, time.Minute)
+	if err := s.Release(callCtx(t), "first", alice.Token, a.Term); err != nil {
+		t.Fatal(err)
+	}
+	// The lock is free now, but the key is the first name's.
+	_, granted, err := s.Acquire(callCtx(t), "second", bob, time.Minute)
+	if granted || err == nil {
+		t.Fatalf("a second name with the first one's key: granted %v, error %v; want refused with an error", granted, err)
+	}
+	for _, want := range []string{`"second"`, `"first"`, "Options.Key", "4294967338"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+	// The refused attempt let the lock go: the first name is free to take.
+	mustGrant(t, s, "first", bob, time.Minute)
+}
+
+// TestAdvisoryServerEndsSilentHolder checks the server's side of the
+// holder's deadline: the holder's session is armed with the TTL, and a
+// holder that stops sending (paused, or its packets lost) has its lock
+// freed by the server no earlier than the TTL after its last heartbeat and
+// not much later.
+func TestAdvisoryServerEndsSilentHolder(t *testing.T) {
+	t.Parallel()
+	s := setupAdvisory(t, pgtest.NewPool(t), Options{})
+	const ttl = 1500 * time.Millisecond
+	alice, bob := candidate("alice"), candidate("bob")
+	held := mustGrant(t, s, "silent", alice, ttl)
+
+	ss := s.holderSession(t, "silent")
+	var idle, user, kaIdle, kaInterval, kaCount string
+	err := ss.do(callCtx(t), s, false, func(conn *pgx.Conn) error {
+		return conn.QueryRow(callCtx(t), `SELECT current_setting('idle_session_timeout'), current_setting('tcp_user_timeout'),
+			current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'), current_setting('tcp_keepalives_count')`).
+			Scan(&idle, &user, &kaIdle, &kaInterval, &kaCount)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (current_setting shows tcp_user_timeout in ms and keepalives in s.)
+	if idle != "1500ms" || user != "1500" || kaIdle != "2" || kaInterval != "1" || kaCount != "3" {
+		t.Errorf("holder session settings: idle_session_timeout %s, tcp_user_timeout %s, keepalives idle %s interval %s count %s; want 1500ms, 1500, 2, 1, 3",
+			idle, user, kaIdle, kaInterval, kaCount)
+	}
+
+	sent := time.Now()
+	mustRenew(t, s, "silent", alice, held.Term, ttl)
+	// Alice now goes silent. Bob tries until the server has freed the lock.
+	for {
+		l, granted := mustAcquire(t, s, "silent", bob, time.Minute)
+		after := time.Since(sent)
+		if granted {
+			t.Logf("the server freed a silent holder's lock %v after its last heartbeat (TTL %v)", after, ttl)
+			if after < ttl {
+				t.Errorf("the lock was freed %v after the last heartbeat, before the TTL (%v)", after, ttl)
+			}
+			if l.Term != held.Term+1 {
+				t.Errorf("term %d after %d", l.Term, held.Term)
+			}
+			break
+		}
+		if after > ttl+3*time.Second {
+			t.Fatalf("the server has not freed a silent holder's lock %v after its last heartbeat (TTL %v)", after, ttl)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Alice's session is gone; so is her lease.
+	_, err = s.Renew(callCtx(t), "silent", alice.Token, held.Term, ttl)
+	if !errors.Is(err, leader.ErrLeaseLost) {
+		t.Errorf("renewal by the silent holder: %v; want ErrLeaseLost", err)
+	}
+}
+
+func TestAdvisoryRefusals(t *testing.T) {
+	t.Parallel()
+	t.Run("behind a transaction-pooling proxy", func(t *testing.T) {
+		t.Parallel()
+		url := pgtest.NewDatabase(t)
+		direct := pgtest.OpenPool(t, url)
+		if err := Migrate(callCtx(t), direct, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		pooled := pgtest.OpenPool(t, pgtest.PgBouncer(t, url, "transaction"))
+		_, err := NewAdvisoryStore(callCtx(t), pooled, Options{})
+		if !errors.Is(err, ErrPooledSession) {
+			t.Fatalf("NewAdvisoryStore behind PgBouncer: %v; want an error wrapping ErrPooledSession", err)
+		}
+		for _, want := range []string{"PgBouncer", "advisory strategy", "directly"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not mention %q", err, want)
+			}
+		}
+	})
+	t.Run("before Migrate", func(t *testing.T) {
+		t.Parallel()
+		_, err := NewAdvisoryStore(callCtx(t), pgtest.NewPool(t), Options{})
+		if err == nil || !strings.Contains(err.Error(), "run Migrate") || !strings.Contains(err.Error(), `"public"."leader_advisory"`) {
+			t.Fatalf("NewAdvisoryStore before Migrate: %v; want an error naming the table and Migrate", err)
+		}
+	})
+	t.Run("bad options", func(t *testing.T) {
+		t.Parallel()
+		_, err := NewAdvisoryStore(callCtx(t), pgtest.NewPool(t), Options{AdvisoryTable: strings.Repeat("x", 64)})
+		var oe *OptionsError
+		if !errors.As(err, &oe) || oe.Field != "AdvisoryTable" {
+			t.Fatalf("NewAdvisoryStore with a 64-byte table name: %v; want an *OptionsError for AdvisoryTable", err)
+		}
+	})
+}
+
+func observe(t *testing.T, s leader.Store, name string) leader.Lease {
+	t.Helper()
+	l, err := s.Observe(callCtx(t), name)
+	if err != nil {
+		t.Fatalf("Observe(%q): %v", name, err)
+	}
+	return l
+}
+
+func mustRenew(t *testing.T, s leader.Store, name string, c leader.Candidate, term uint64, ttl time.Duration) leader.Lease {
+	t.Helper()
+	l, err := s.Renew(callCtx(t), name, c.Token, term, ttl)
+	if err != nil {
+		t.Fatalf("Renew(%q, %s, %d): %v", name, c.ID, term, err)
+	}
+	return l
+}

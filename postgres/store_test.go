@@ -60,7 +60,7 @@ func dbNow(t *testing.T, pool *pgxpool.Pool) time.Time {
 	return now
 }
 
-func mustAcquire(t *testing.T, s *LeaseStore, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool) {
+func mustAcquire(t *testing.T, s leader.Store, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool) {
 	t.Helper()
 	l, granted, err := s.Acquire(callCtx(t), name, c, ttl)
 	if err != nil {
@@ -69,7 +69,7 @@ func mustAcquire(t *testing.T, s *LeaseStore, name string, c leader.Candidate, t
 	return l, granted
 }
 
-func mustGrant(t *testing.T, s *LeaseStore, name string, c leader.Candidate, ttl time.Duration) leader.Lease {
+func mustGrant(t *testing.T, s leader.Store, name string, c leader.Candidate, ttl time.Duration) leader.Lease {
 	t.Helper()
 	l, granted := mustAcquire(t, s, name, c, ttl)
 	if !granted {
@@ -78,7 +78,7 @@ func mustGrant(t *testing.T, s *LeaseStore, name string, c leader.Candidate, ttl
 	return l
 }
 
-func mustRelease(t *testing.T, s *LeaseStore, name string, c leader.Candidate, term uint64) {
+func mustRelease(t *testing.T, s leader.Store, name string, c leader.Candidate, term uint64) {
 	t.Helper()
 	if err := s.Release(callCtx(t), name, c.Token, term); err != nil {
 		t.Fatalf("Release(%q, %s, %d): %v", name, c.ID, term, err)
