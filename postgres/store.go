@@ -1,7 +1,37 @@
-// Package postgres is the PostgreSQL lease store: a [leader.Store] kept in
-// one table, for Electors on many hosts that share a database.
+// Package postgres holds the PostgreSQL stores, for Electors on many hosts
+// that share a database, and the Router, which delivers messages sent by any
+// instance to the current leader only.
 //
-// # The table
+// # Two strategies
+//
+// [LeaseStore], the lease strategy and the default, keeps a lease with an
+// expiry in a table row. A leader that vanishes is replaced once its lease
+// runs out (the TTL); a graceful release hands over at once. It needs no
+// session state, so it works behind transaction-pooling proxies too.
+//
+// [AdvisoryStore], the advisory strategy, holds a session advisory lock on a
+// connection of its own. A leader whose process dies is replaced as soon as
+// the server notices the closed connection (milliseconds on a LAN), without
+// waiting for a TTL; one that vanishes silently is replaced once the server
+// ends its idle session, a TTL after its last heartbeat. It needs
+// PostgreSQL 14 or later and a direct connection. See its documentation
+// for what it does when the server itself ends the holder's session.
+//
+// Both grow a fencing term at every grant, judge time on the server's clock
+// or the server's own timers, send wake-ups with NOTIFY, and pass the
+// conformance suite (leadertest.TestStore). [Migrate] creates the tables of
+// both and the Router's. A name must be elected with one strategy only.
+//
+// # Connection poolers
+//
+// A transaction-pooling proxy such as PgBouncer cannot keep session state
+// (see [ErrPooledSession]). Behind one, the LeaseStore keeps working but
+// says in a warning that its wake-ups are off, and followers take over at
+// the lease's expiry; the AdvisoryStore and the Router refuse to start.
+// Connect pgx to PgBouncer 1.20 or older with default_query_exec_mode=exec
+// (or simple_protocol) in the connection string.
+//
+// # The lease table
 //
 // [Migrate] creates the table (by default public.leader_leases) with one row
 // per election name:
@@ -50,7 +80,7 @@
 //
 // # Wake-ups
 //
-// [LeaseStore.Watch] is served by one dedicated connection per LeaseStore,
+// [LeaseStore.Watch] is served by one dedicated connection per store,
 // opened from the pool's configuration (it is not taken from the pool),
 // that LISTENs on Options.Channel; the notifications' payload is the
 // election name. If that connection breaks it is opened again with backoff,
