@@ -75,6 +75,13 @@
 //     ends can leave a grant nobody holds, which runs out after TTL. For
 //     PostgreSQL, a pgconn.CancelRequestContextWatcherHandler on the pool
 //     cancels such statements on the server (the leader command sets one).
+//   - A store whose lease is a lock held by a server session (the
+//     PostgreSQL advisory strategy) loses it the moment the server ends
+//     that session itself (pg_terminate_backend, a restart), not at the end
+//     of a lease the leader can count on. Such a store reports the loss at
+//     once (LossNotifier) and the leader steps down before a successor can
+//     normally be granted the lock, but that order is not guaranteed on a
+//     starved machine: fence writes with the term.
 //
 // # Fencing
 //
@@ -95,4 +102,6 @@
 // followers (PostgreSQL: NOTIFY) and one of them is granted it within one
 // round trip. A leader that crashes is replaced when its lease runs out:
 // followers sleep until the expiry the store reported, not on a blind poll.
+// On a store that frees a dead holder's lease itself (the PostgreSQL
+// advisory strategy) it is replaced as soon as the store notices.
 package leader
