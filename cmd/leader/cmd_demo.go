@@ -24,7 +24,7 @@ import (
 
 var demoCommand = &command{
 	name:     "demo",
-	synopsis: "leader demo [--store URL] [--ttl D]",
+	synopsis: "leader demo [--store URL] [--strategy S] [--ttl D]",
 	summary:  "watch a failover and a handover between three candidates, live",
 	help: `
 Starts three "leader run" candidates for one election, each wanting to run a
@@ -40,7 +40,9 @@ With no --store, it uses the embedded store in a fresh temporary directory,
 where a killed leader is replaced at once (the kernel frees its lock). With
 --store postgres://…, it creates the schema if needed and uses an election
 name of its own; a killed leader is then replaced when its lease runs out,
-about --ttl later, which is why the demo's TTL is short.
+about --ttl later, which is why the demo's TTL is short. With --strategy
+advisory as well, a killed leader is replaced as soon as PostgreSQL notices
+that its connection closed.
 
 Exit codes: 0 the demo ran, 1 it could not (for example the store cannot be
 reached), 2 usage error.
@@ -59,13 +61,15 @@ func init() {
 }
 
 type demoOptions struct {
-	store string
-	ttl   time.Duration
+	store    string
+	strategy string
+	ttl      time.Duration
 }
 
 func (o *demoOptions) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.StringVar(&o.store, "store", "", "the store's `URL` (default: the embedded store in a fresh temporary directory;\n$"+envStore+" is not read)")
+	registerStrategy(fs, &o.strategy, "the candidates' PostgreSQL strategy: lease or advisory (see \"leader run -h\")")
 	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "the candidates' lease TTL")
 	return fs
 }
@@ -119,6 +123,9 @@ func runDemo(a *app, ctx context.Context, args []string) int {
 	if err != nil {
 		return fail(err)
 	}
+	if spec, err = withStrategy(spec, o.strategy); err != nil {
+		return fail(err)
+	}
 	if err := validateConfig(demoConfig(o.ttl)); err != nil {
 		return fail(configUsageError(err, o.ttl, defaultGrace(o.ttl)))
 	}
@@ -135,6 +142,11 @@ func runDemo(a *app, ctx context.Context, args []string) int {
 		if err != nil {
 			return fail(fmt.Errorf("creating the schema on %s: %w", spec.display, err))
 		}
+		// Refuse here, once, a server the candidates would refuse.
+		if st, err = openStore(ctx, spec, log); err != nil {
+			return fail(err)
+		}
+		st.Close()
 		tok, _ := randomToken()
 		name = "demo-" + tok[:6]
 	}
@@ -151,25 +163,39 @@ func runDemo(a *app, ctx context.Context, args []string) int {
 
 	d := &demo{out: a.stdout, evs: make(chan demoEvent, 256), childPid: map[string]int{}, lastElect: map[string]time.Time{}}
 	kind := "the embedded store (a file lock; a dead leader's lock is freed by the kernel at once)"
-	if spec.kind == postgresStore {
+	switch spec.strategy {
+	case strategyLease:
 		kind = "PostgreSQL (a dead leader's lease runs out after the TTL)"
+	case strategyAdvisory:
+		kind = "PostgreSQL, advisory strategy (a dead leader's lock is freed as soon as PostgreSQL notices its connection closed)"
 	}
 	fmt.Fprintf(a.stdout, "leader demo: three candidates campaign for the election %q on %s\n", name, kind)
-	fmt.Fprintf(a.stdout, "store %s, TTL %v; each runs: leader run --name %s --ttl %v -- <a command that prints a line now and then>\n\n",
-		spec.display, o.ttl, name, o.ttl)
+	runFlags := fmt.Sprintf("--name %s --ttl %v", name, o.ttl)
+	if spec.strategy == strategyAdvisory {
+		runFlags += " --strategy " + spec.strategy
+	}
+	fmt.Fprintf(a.stdout, "store %s, TTL %v; each runs: leader run %s -- <a command that prints a line now and then>\n\n",
+		spec.display, o.ttl, runFlags)
 
 	d.t0 = time.Now()
 	defer d.cleanup()
 	for i := 1; i <= 3; i++ {
 		id := fmt.Sprintf("cand-%d", i)
-		c, err := d.startCandidate(exe, store, name, id, o.ttl)
+		c, err := d.startCandidate(exe, store, spec.strategy, name, id, o.ttl)
 		if err != nil {
 			return fail(err)
 		}
 		d.say(time.Now(), "started candidate %s (pid %d)", id, c.cmd.Process.Pid)
 	}
 
-	res, err := d.script(ctx, o.ttl, spec.kind)
+	var afterKill string // what happens to the store when the leader is killed
+	switch spec.strategy {
+	case strategyLease:
+		afterKill = fmt.Sprintf("its command dies with it at once; its lease stays held until it runs out, within the %v TTL", o.ttl)
+	case strategyAdvisory:
+		afterKill = "its command dies with it at once; PostgreSQL frees its lock as soon as it notices the connection closed"
+	}
+	res, err := d.script(ctx, o.ttl, afterKill)
 	if err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintln(a.stdout, "\ninterrupted; cleaning up")
@@ -202,9 +228,12 @@ func (d *demo) say(at time.Time, format string, args ...any) {
 	fmt.Fprintf(d.out, "  %+8.3fs  %s\n", at.Sub(d.t0).Seconds(), fmt.Sprintf(format, args...))
 }
 
-func (d *demo) startCandidate(exe, store, name, id string, ttl time.Duration) (*demoCandidate, error) {
-	cmd := exec.Command(exe, "run", "--store", store, "--name", name, "--id", id, "--ttl", ttl.String(),
-		"--log-format", "json", "--", exe, demoChildCommand.name)
+func (d *demo) startCandidate(exe, store, strategy, name, id string, ttl time.Duration) (*demoCandidate, error) {
+	args := []string{"run", "--store", store, "--name", name, "--id", id, "--ttl", ttl.String(), "--log-format", "json"}
+	if strategy != "" {
+		args = append(args, "--strategy", strategy)
+	}
+	cmd := exec.Command(exe, append(args, "--", exe, demoChildCommand.name)...)
 	// The demo's own store choice wins over the environment.
 	cmd.Env = append(os.Environ(), envStore+"=")
 	cmd.SysProcAttr = demoCandidateAttr()
@@ -272,8 +301,9 @@ type demoResult struct {
 }
 
 // script plays the demo: wait for a leader, kill it, wait for the next,
-// stop it gracefully, wait for the next, stop everyone.
-func (d *demo) script(ctx context.Context, ttl time.Duration, kind storeKind) (demoResult, error) {
+// stop it gracefully, wait for the next, stop everyone. afterKill, if not
+// empty, is said after the kill.
+func (d *demo) script(ctx context.Context, ttl time.Duration, afterKill string) (demoResult, error) {
 	res := demoResult{neverTwo: true, killedChildGone: true}
 	limit := 10*time.Second + 2*ttl
 
@@ -293,8 +323,8 @@ func (d *demo) script(ctx context.Context, ttl time.Duration, kind storeKind) (d
 	d.say(time.Now(), "SIGKILL -> %s (pid %d), the leader: no chance to clean up", first, victim.cmd.Process.Pid)
 	killedAt := time.Now()
 	_ = victim.cmd.Process.Kill()
-	if kind == postgresStore {
-		d.say(time.Now(), "(its command dies with it at once; its lease stays held until it runs out, within the %v TTL)", ttl)
+	if afterKill != "" {
+		d.say(time.Now(), "(%s)", afterKill)
 	}
 	second, electedAt, err := d.until(ctx, limit, &res, "a new leader", d.elected(first))
 	if err != nil {

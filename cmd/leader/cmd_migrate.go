@@ -15,8 +15,8 @@ var migrateCommand = &command{
 	synopsis: "leader migrate [--store URL] [flags]",
 	summary:  "create or update the PostgreSQL schema",
 	help: `
-Creates or updates the store's schema: on PostgreSQL, the lease table and
-what goes with it, in one transaction, safe to run from several hosts at once
+Creates or updates the store's schema: on PostgreSQL, the tables of both
+strategies (lease and advisory) and what goes with them, in one transaction, safe to run from several hosts at once
 and again at every deploy. "leader run" and the other subcommands do not
 create the schema themselves. The embedded store needs no schema: migrate
 says so and exits 0.

@@ -55,6 +55,10 @@ On the embedded store (one host), runs never overlap either; but the kernel
 frees the lock when "leader once" exits, normally or not, so the window after
 a run does not hold there: a later invocation runs again.
 
+On PostgreSQL "leader once" uses the lease strategy: --strategy advisory is
+refused, as its lock would be freed when "leader once" exits, and the window
+after a run could not hold.
+
 CMD's environment gets LEADER_NAME, LEADER_ID, LEADER_TERM and LEADER_HELD=1.
 SIGINT or SIGTERM stops CMD (SIGTERM, SIGKILL after --grace); the lease is
 kept for --window all the same.
@@ -76,10 +80,11 @@ func init() {
 
 type onceOptions struct {
 	commonOptions
-	name   string
-	id     string
-	window time.Duration
-	grace  time.Duration
+	name     string
+	id       string
+	window   time.Duration
+	grace    time.Duration
+	strategy string
 }
 
 func (o *onceOptions) flags() *flag.FlagSet {
@@ -88,6 +93,7 @@ func (o *onceOptions) flags() *flag.FlagSet {
 	fs.StringVar(&o.id, "id", "", "this host's `ID`, shown by status while it runs (default <hostname>-<pid>)")
 	fs.DurationVar(&o.window, "window", defaultWindow, "how long the lease is held after a run starts and after it ends")
 	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when CMD must stop (default --window/5 minus a kill margin)")
+	registerStrategy(fs, &o.strategy, "PostgreSQL strategy: lease only (advisory is refused: its lock would be freed when \"leader once\"\nexits, so the window after a run could not hold)")
 	o.commonOptions.register(fs, "warn")
 	return fs
 }
@@ -134,6 +140,14 @@ func runOnceCommand(a *app, ctx context.Context, args []string) int {
 	spec, err := parseStoreURL(rawStore)
 	if err != nil {
 		return fail(err)
+	}
+	if spec, err = withStrategy(spec, o.strategy); err != nil {
+		return fail(err)
+	}
+	if spec.strategy == strategyAdvisory {
+		return fail(usagef("--strategy advisory does not suit \"leader once\": the lock would be freed when \"leader once\" exits, " +
+			"so the window after a run, which keeps the other hosts' firings from running the job again, could not hold; " +
+			"leave out --strategy to use the lease strategy"))
 	}
 	store, err := openStore(ctx, spec, log)
 	if err != nil {

@@ -46,6 +46,23 @@ SIGINT or SIGTERM to "leader run" stops the command the same way, releases
 the lease (another instance takes over at once) and exits; a second signal
 kills the command with SIGKILL at once.
 
+On PostgreSQL, --strategy chooses how the election is kept:
+  lease     (default) a row in the lease table, renewed every TTL/3: a
+            leader that dies is replaced when its lease runs out, within
+            --ttl. Works through a connection pooler such as PgBouncer.
+  advisory  a session advisory lock on a connection of the leader's own: a
+            leader that dies is replaced as soon as PostgreSQL notices that
+            its connection closed (at once when the process is killed;
+            within about --ttl when its host vanishes). Needs PostgreSQL 14
+            or later and a direct connection (no PgBouncer in transaction
+            mode); refused otherwise, with exit code 2. No TTL orders the
+            commands of different hosts then: if PostgreSQL itself ends the
+            leader's session (a restart), another host may start its
+            command while this one's is still stopping.
+LEADER_TERM grows at every grant with either strategy. Every candidate of
+an election must use the same strategy: the two keep separate records and
+do not see each other's leader.
+
 When the command exits on its own, --restart decides:
   never       release the lease and exit with the command's exit code (default)
   on-failure  start it again (after a short backoff) if it failed; exit 0 once it succeeds
@@ -58,7 +75,8 @@ Exit codes:
   128+N    the command was killed by signal N (not sent by "leader run")
   126, 127 the command could not be executed, or was not found
   1        runtime error, for example the store cannot be opened
-  2        usage error (bad flags or arguments); nothing was started
+  2        usage error (bad flags or arguments, or --strategy advisory on a
+           server that cannot serve it); nothing was started
 `,
 }
 
@@ -86,7 +104,7 @@ func (o *runOptions) flags() *flag.FlagSet {
 	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when the command must stop; at most about\nTTL×0.28 minus a kill margin (default TTL/5 minus the kill margin: 2.75s for the default TTL)")
 	fs.StringVar(&o.restart, "restart", restartNever, "when the command exits on its own: never, on-failure or always")
 	fs.StringVar(&o.http, "http", "", "serve /healthz, /leader and /metrics on `ADDR` (a bare :PORT listens on 127.0.0.1)")
-	fs.StringVar(&o.strategy, "strategy", strategyLease, "PostgreSQL strategy: lease (advisory is not available yet)")
+	registerStrategy(fs, &o.strategy, "PostgreSQL strategy: lease or advisory (see above); every candidate of an election,\nand status and watch, must use the same")
 	o.commonOptions.register(fs, "info")
 	return fs
 }
@@ -143,7 +161,7 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	if err != nil {
 		return fail(err)
 	}
-	if err := checkStrategy(spec, o.strategy); err != nil {
+	if spec, err = withStrategy(spec, o.strategy); err != nil {
 		return fail(err)
 	}
 
@@ -237,8 +255,12 @@ func runRun(a *app, ctx context.Context, args []string) int {
 		}
 	})
 
-	log.Info("starting", slog.String("election", o.name), slog.String("id", runner.id),
-		slog.String("store", store.display), slog.Duration("ttl", o.ttl), slog.Duration("grace", o.grace))
+	attrs := []any{slog.String("election", o.name), slog.String("id", runner.id), slog.String("store", store.display)}
+	if store.strategy != "" {
+		attrs = append(attrs, slog.String("strategy", store.strategy))
+	}
+	attrs = append(attrs, slog.Duration("ttl", o.ttl), slog.Duration("grace", o.grace))
+	log.Info("starting", attrs...)
 	if err := elector.Run(runCtx); err != nil {
 		return fail(err)
 	}

@@ -31,7 +31,14 @@ renewed (expires), as the store reports them. Times are the store's.
 "leader" is null when no one holds the lease; "term" is then the last term
 granted (0 if never).
 
-Exit codes: 0 printed (whether or not anyone leads), 1 store error, 2 usage error.
+On PostgreSQL, give the --strategy the election's candidates run with: each
+strategy keeps its own records, so with the other one the election shows no
+leader (status then adds a note on stderr if the other strategy knows the
+election). With --strategy advisory, "expires" is when PostgreSQL would end
+the leader's session if its heartbeats stopped; each heartbeat pushes it on.
+
+Exit codes: 0 printed (whether or not anyone leads), 1 store error, 2 usage
+error (or --strategy advisory on a server that cannot serve it).
 `,
 }
 
@@ -45,9 +52,11 @@ holder, a new term, or no holder), until interrupted. Changes are noticed
 from the store's wake-ups and, for expiries, at the expiry the store
 reported. --json prints each line as a JSON object with the keys of
 "leader status --json" plus "time" (when the change was seen, this host's
-clock).
+clock). On PostgreSQL, give the --strategy the election's candidates run
+with, as for status.
 
-Exit codes: 0 interrupted, 1 store error at start, 2 usage error.
+Exit codes: 0 interrupted, 1 store error at start, 2 usage error (or
+--strategy advisory on a server that cannot serve it).
 `,
 }
 
@@ -63,12 +72,15 @@ type statusOptions struct {
 	name     string
 	json     bool
 	interval time.Duration
+	strategy string
 }
 
 func (o *statusOptions) flags(cmd string) *flag.FlagSet {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.StringVar(&o.name, "name", "", "the election `NAME` (required)")
 	fs.BoolVar(&o.json, "json", false, "print JSON")
+	registerStrategy(fs, &o.strategy, "the PostgreSQL strategy the election's candidates use: lease or advisory (each keeps its own\n"+
+		"records: with the wrong one, the election shows no leader)")
 	if cmd == "watch" {
 		fs.DurationVar(&o.interval, "poll", 2*time.Second, "also look this often while no one leads, for stores without wake-ups")
 	}
@@ -99,6 +111,9 @@ func (o *statusOptions) setup(a *app, ctx context.Context, cmd *command, args []
 	if err != nil {
 		return nil, nil, nil, fail(err), false
 	}
+	if spec, err = withStrategy(spec, o.strategy); err != nil {
+		return nil, nil, nil, fail(err), false
+	}
 	store, err := openStore(ctx, spec, log)
 	if err != nil {
 		return nil, nil, nil, fail(err), false
@@ -122,7 +137,41 @@ func runStatus(a *app, ctx context.Context, args []string) int {
 	} else {
 		printStatus(a.stdout, o.name, lease, time.Now())
 	}
+	if note := strategyHint(ctx, store, o.name, lease); note != "" {
+		fmt.Fprintf(a.stderr, "leader status: note: %s\n", note)
+	}
 	return exitOK
+}
+
+// strategyHint returns a note for people when the election shows no leader
+// under the store's PostgreSQL strategy but the other strategy has a leader
+// for it, or has records of it while this one has none: the usual cause is
+// status or watch run without the --strategy of the election's candidates.
+// It returns "" otherwise, and when the other strategy cannot be read.
+func strategyHint(ctx context.Context, store *openedStore, name string, l leader.Lease) string {
+	if l.Held() || store.observeOther == nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	other, err := store.observeOther(ctx, name)
+	if err != nil {
+		return ""
+	}
+	otherStrategy := strategyAdvisory
+	if store.strategy == strategyAdvisory {
+		otherStrategy = strategyLease
+	}
+	const advice = "give status and watch the --strategy that the election's candidates run with"
+	switch {
+	case other.Held():
+		return fmt.Sprintf("this shows the %s strategy's records; under --strategy %s, %q is led by %s (term %d): %s",
+			store.strategy, otherStrategy, name, other.HolderID, other.Term, advice)
+	case l.Term == 0 && other.Term > 0:
+		return fmt.Sprintf("%q was never granted under the %s strategy, but has records under --strategy %s (last term %d): %s",
+			name, store.strategy, otherStrategy, other.Term, advice)
+	}
+	return ""
 }
 
 // statusJSON is the JSON form of a lease, for status and watch.
@@ -260,6 +309,11 @@ func runWatch(a *app, ctx context.Context, args []string) int {
 		if failing {
 			log.Warn("store reachable again")
 			failing = false
+		}
+		if !printed {
+			if note := strategyHint(ctx, store, o.name, lease); note != "" {
+				log.Warn(note)
+			}
 		}
 		if k := keyOf(lease); !printed || k != last {
 			printed, last = true, k

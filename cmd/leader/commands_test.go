@@ -178,8 +178,10 @@ func TestUsageErrors(t *testing.T) {
 		{"bad duration", []string{"run", "--name", "x", "--ttl", "soon", "--", "true"}, "--ttl"},
 		{"TTL too short", []string{"run", "--name", "x", "--ttl", "100ms", "--", "true"}, "--ttl 100ms must be at least"},
 		{"grace too long for TTL", []string{"run", "--name", "x", "--ttl", "15s", "--grace", "10s", "--", "true"}, "--grace 10s is too long for --ttl 15s"},
-		{"advisory strategy", []string{"run", "--store", "postgres://u:pw@127.0.0.1:1/db", "--strategy", "advisory", "--name", "x", "--", "true"}, "not available yet"},
+		{"unknown strategy", []string{"run", "--store", "postgres://u:pw@127.0.0.1:1/db", "--strategy", "paxos", "--name", "x", "--", "true"}, `--strategy "paxos": want lease or advisory`},
 		{"strategy on the embedded store", []string{"run", "--strategy", "advisory", "--name", "x", "--", "true"}, "PostgreSQL stores only"},
+		{"strategy on the embedded store for status", []string{"status", "--strategy", "advisory", "--name", "x"}, "PostgreSQL stores only"},
+		{"advisory strategy for once", []string{"once", "--store", "postgres://u:pw@127.0.0.1:1/db", "--strategy", "advisory", "--name", "x", "--", "true"}, "window after a run"},
 		{"unknown store scheme", []string{"status", "--store", "mysql://h/db", "--name", "x"}, `unknown scheme "mysql"`},
 		{"relative file store", []string{"status", "--store", "file://relative/dir", "--name", "x"}, "file:///path"},
 		{"bad log format", []string{"status", "--name", "x", "--log-format", "xml"}, "--log-format"},
@@ -206,6 +208,26 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// With --strategy advisory on PostgreSQL, the flags are accepted and the
+// store is opened: a server that cannot be reached is a runtime error, as
+// with the lease strategy, and the password shows nowhere.
+func TestAdvisoryStrategyOnAnUnreachableServerIsARuntimeError(t *testing.T) {
+	t.Parallel()
+	const secret = "S3cretForAdvisory"
+	for _, args := range [][]string{
+		{"run", "--name", "x", "--", "true"},
+		{"status", "--name", "x"},
+		{"watch", "--name", "x"},
+	} {
+		e := newEnv(t)
+		args = append([]string{args[0], "--store", "postgres://u:" + secret + "@127.0.0.1:1/db?connect_timeout=5", "--strategy", "advisory"}, args[1:]...)
+		_, stderr, code := e.run(args...)
+		if code != exitFailure || !strings.Contains(stderr, "connecting to") || strings.Contains(stderr, secret) {
+			t.Errorf("%s: exit %d, want %d, a word on connecting and no password:\n%s", args[0], code, exitFailure, stderr)
+		}
+	}
+}
+
 func TestHelp(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -224,7 +246,7 @@ func TestHelp(t *testing.T) {
 		}
 	}
 	out, _, _ = e.run("run", "-h")
-	for _, want := range []string{"--grace", "--ttl", "--restart", "--http", "--store", "Exit codes", "128+N", "LEADER_TERM"} {
+	for _, want := range []string{"--grace", "--ttl", "--restart", "--http", "--store", "--strategy", "advisory", "PostgreSQL 14", "PgBouncer", "Exit codes", "128+N", "LEADER_TERM"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("run -h does not mention %s", want)
 		}

@@ -3,9 +3,13 @@
 package main
 
 import (
+	"bufio"
+	"encoding/json"
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,6 +50,81 @@ func TestPostgres(t *testing.T) {
 		}
 		if out, stderr, code := e.run("status", "--store", u, "--name", "x"); code != 0 || !strings.Contains(out, "none (never granted)") {
 			t.Errorf("status after migrate: exit %d\n%s%s", code, out, stderr)
+		}
+	})
+
+	t.Run("advisory: migrate is needed first too", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		u := pgtest.NewDatabase(t)
+		ran := filepath.Join(e.dir, "ran")
+		_, stderr, code := e.run("run", "--store", u, "--strategy", "advisory", "--name", "x", "--", "touch", ran)
+		if code != exitFailure || !strings.Contains(stderr, `run "leader migrate"`) || !strings.Contains(stderr, "advisory") {
+			t.Errorf("run --strategy advisory before migrate: exit %d, want %d and a word on migrate\n%s", code, exitFailure, stderr)
+		}
+		if _, err := os.Stat(ran); err == nil {
+			t.Error("the command ran")
+		}
+	})
+
+	t.Run("advisory: a killed leader is replaced without waiting for the TTL, and SIGTERM hands over", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		advisoryFailover(t, e, migrated(t, e))
+	})
+
+	t.Run("advisory: status and watch show the leader only with the same strategy", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		advisoryStatus(t, e, migrated(t, e))
+	})
+
+	t.Run("advisory: refused behind PgBouncer in transaction mode, where the lease strategy works", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		bouncer := pgtest.PgBouncer(t, migrated(t, e), "transaction")
+		ran := filepath.Join(e.dir, "ran")
+		for _, args := range [][]string{
+			{"run", "--store", bouncer, "--strategy", "advisory", "--name", "pooled", "--", "touch", ran},
+			{"status", "--store", bouncer, "--strategy", "advisory", "--name", "pooled"},
+			{"watch", "--store", bouncer, "--strategy", "advisory", "--name", "pooled"},
+		} {
+			out, stderr, code := e.run(args...)
+			if code != exitUsage || out != "" {
+				t.Errorf("%s through PgBouncer: exit %d, want %d, and no output\n%s%s", args[0], code, exitUsage, out, stderr)
+			}
+			for _, want := range []string{"--strategy advisory needs a direct connection", "pooler", "PgBouncer", "--strategy lease"} {
+				if !strings.Contains(stderr, want) {
+					t.Errorf("%s through PgBouncer: the message does not say %q:\n%s", args[0], want, stderr)
+				}
+			}
+		}
+		if _, err := os.Stat(ran); err == nil {
+			t.Error("the command ran with --strategy advisory through PgBouncer")
+		}
+		if _, stderr, code := e.run("run", "--store", bouncer, "--name", "pooled", "--", "touch", ran); code != 0 {
+			t.Errorf("run with the lease strategy through PgBouncer: exit %d\n%s", code, stderr)
+		}
+		if _, err := os.Stat(ran); err != nil {
+			t.Errorf("the lease strategy did not run the command through PgBouncer: %v", err)
+		}
+	})
+
+	t.Run("advisory: demo", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		out, stderr, code := e.run("demo", "--store", migrated(t, e), "--strategy", "advisory")
+		checkDemo(t, out, stderr, code)
+		if !strings.Contains(out, "advisory strategy") || !strings.Contains(out, "--strategy advisory") {
+			t.Errorf("the demo does not say it uses the advisory strategy:\n%s", out)
+		}
+		// The demo's TTL is 2s: a takeover within it did not wait for it.
+		m := regexp.MustCompile(`takeover after SIGKILL of the leader:\s+(\S+)`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no takeover delay in the demo's output:\n%s", out)
+		}
+		if d, err := time.ParseDuration(m[1]); err != nil || d >= 2*time.Second {
+			t.Errorf("takeover after SIGKILL took %s, want under the 2s TTL (%v)", m[1], err)
 		}
 	})
 
@@ -119,6 +198,185 @@ func TestPostgres(t *testing.T) {
 		out, stderr, code := e.run("demo", "--store", u)
 		checkDemo(t, out, stderr, code)
 	})
+}
+
+// advisoryTTL is the TTL of the advisory strategy's end-to-end tests: long,
+// so that a takeover well within it shows that nothing waited for it.
+const (
+	advisoryTTL      = "10s"
+	advisoryTakeover = 5 * time.Second
+)
+
+// advisoryFailover runs two "leader run --strategy advisory" candidates on
+// store: exactly one runs its command; SIGKILL to the leading "leader"
+// process has the other one's command start well within the TTL (the
+// server frees a dead session's lock), after the killed leader's command
+// is gone; then, with a third candidate waiting, SIGTERM to the new leader
+// hands over at once.
+func advisoryFailover(t *testing.T, e *env, store string) {
+	log := newChildLog(t, e)
+	procs := e.candidates(2, log, store, "--strategy", "advisory", "--ttl", advisoryTTL)
+
+	waitFor(t, 20*time.Second, "the first child to start", func() bool { return len(log.starts()) >= 1 })
+	log.assertAtMostOneRunsFor(time.Second)
+	if n := len(log.starts()); n != 1 {
+		t.Fatalf("%d children started, want 1\nlog:\n%s", n, log)
+	}
+	first := log.starts()[0]
+	firstTerm, _ := strconv.Atoi(first.fields[4])
+	if firstTerm < 1 || first.fields[5] != "1" {
+		t.Fatalf("child environment LEADER_ID, LEADER_TERM, LEADER_HELD, LEADER_NAME = %v", first.fields[3:])
+	}
+
+	killed := procs[first.fields[3]]
+	killed.signal(syscall.SIGKILL)
+	killedAt := time.Now()
+	waitFor(t, 20*time.Second, "the other child after SIGKILL of the leader", func() bool { return len(log.starts()) >= 2 })
+	second := log.starts()[1]
+	takeover := second.at.Sub(killedAt)
+	t.Logf("advisory strategy: takeover after SIGKILL of the leader: %v (TTL %s)", takeover.Round(time.Millisecond), advisoryTTL)
+	if takeover > advisoryTakeover {
+		t.Errorf("takeover after SIGKILL took %v, want under %v: it waited for the %s TTL", takeover, advisoryTakeover, advisoryTTL)
+	}
+	if second.fields[3] == first.fields[3] {
+		t.Errorf("the killed candidate %s leads again", first.fields[3])
+	}
+	if term, _ := strconv.Atoi(second.fields[4]); term <= firstTerm {
+		t.Errorf("LEADER_TERM went from %d to %d, want it to grow", firstTerm, term)
+	}
+	if pidAlive(first.pid) {
+		t.Errorf("the killed leader's child %d still runs", first.pid)
+	}
+	log.checkNoOverlap()
+	if code := killed.wait(10 * time.Second); code != 128+int(syscall.SIGKILL) {
+		t.Errorf("killed leader exit code %d", code)
+	}
+
+	// A third candidate waits; SIGTERM to the leader hands over to it.
+	third := e.with("CHILD_LOG="+log.path).start("run", "--store", store, "--name", "e2e", "--id", "c2",
+		"--strategy", "advisory", "--ttl", advisoryTTL, "--", "sh", filepath.Join(e.dir, "child.sh"))
+	waitFor(t, 20*time.Second, "the third candidate to campaign", func() bool {
+		return strings.Contains(third.stderr.String(), "starting")
+	})
+	log.assertAtMostOneRunsFor(500 * time.Millisecond)
+	stopped := procs[second.fields[3]]
+	stopped.signal(syscall.SIGTERM)
+	termAt := time.Now()
+	waitFor(t, 20*time.Second, "a third child after SIGTERM of the leader", func() bool { return len(log.starts()) >= 3 })
+	next := log.starts()[2]
+	handover := next.at.Sub(termAt)
+	t.Logf("advisory strategy: handover after SIGTERM: %v", handover.Round(time.Millisecond))
+	if next.fields[3] != "c2" {
+		t.Errorf("after SIGTERM, %s leads, want c2", next.fields[3])
+	}
+	if handover > advisoryTakeover {
+		t.Errorf("handover after SIGTERM took %v, want under %v", handover, advisoryTakeover)
+	}
+	if code := stopped.wait(10 * time.Second); code != 0 {
+		t.Errorf("leader stopped by SIGTERM exited %d, want 0", code)
+	}
+	var stopAt time.Time
+	for _, ev := range log.events() {
+		if ev.kind == "stop" && ev.pid == second.pid {
+			stopAt = ev.at
+		}
+	}
+	if stopAt.IsZero() || stopAt.After(next.at) {
+		t.Errorf("the stopped leader's child logged its stop at %v, not before the next child started at %v\nlog:\n%s", stopAt, next.at, log)
+	}
+	log.checkNoOverlap()
+	log.assertAtMostOneRunsFor(300 * time.Millisecond)
+}
+
+// advisoryStatus checks status and watch on an election led with the
+// advisory strategy: with --strategy advisory they show the leader and its
+// term, and watch sees a killed leader go well within the TTL; without it
+// they show no leader, and say on stderr where the leader is.
+func advisoryStatus(t *testing.T, e *env, store string) {
+	status := func(args ...string) (map[string]any, string) {
+		t.Helper()
+		out, stderr, code := e.run(append([]string{"status", "--store", store, "--name", "adv", "--json"}, args...)...)
+		var st map[string]any
+		if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
+			t.Fatalf("status %v: exit %d, output %q\n%s", args, code, out, stderr)
+		}
+		return st, stderr
+	}
+	watchLines := func(w *proc) []map[string]any {
+		var out []map[string]any
+		sc := bufio.NewScanner(strings.NewReader(w.stdout.String()))
+		for sc.Scan() {
+			var m map[string]any
+			if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+				t.Fatalf("watch printed a line that is not JSON: %q", sc.Text())
+			}
+			out = append(out, m)
+		}
+		return out
+	}
+
+	r := e.start("run", "--store", store, "--name", "adv", "--id", "alpha", "--strategy", "advisory", "--ttl", advisoryTTL, "--", "sleep", "1000")
+	waitFor(t, 20*time.Second, "status --strategy advisory to show alpha leading", func() bool {
+		st, _ := status("--strategy", "advisory")
+		return st["leader"] == "alpha"
+	})
+	st, stderr := status("--strategy", "advisory")
+	if st["held"] != true || st["term"].(float64) < 1 || st["expires_at"] == nil || st["acquired_at"] == nil ||
+		st["remaining_seconds"].(float64) <= 0 || stderr != "" {
+		t.Errorf("status --strategy advisory --json: %v\n%s", st, stderr)
+	}
+	term := st["term"].(float64)
+	text, _, code := e.run("status", "--store", store, "--name", "adv", "--strategy", "advisory")
+	if code != 0 || !strings.Contains(text, "alpha") || !strings.Contains(text, "term      "+strconv.Itoa(int(term))) {
+		t.Errorf("status --strategy advisory: exit %d\n%s", code, text)
+	}
+
+	// Without --strategy, the lease table has no record of the election:
+	// no leader, and a note that names the strategy and the leader.
+	st, stderr = status()
+	if st["leader"] != nil || st["held"] != false || st["term"].(float64) != 0 {
+		t.Errorf("status without --strategy: %v", st)
+	}
+	for _, want := range []string{"--strategy advisory", "alpha", "give status and watch the --strategy"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("status without --strategy does not say %q on stderr:\n%s", want, stderr)
+		}
+	}
+
+	// watch sees the leader, and a killed leader go without waiting for
+	// the TTL (the store's lock waiter wakes it).
+	w := e.start("watch", "--store", store, "--name", "adv", "--strategy", "advisory", "--json")
+	waitFor(t, 20*time.Second, "watch to show alpha", func() bool {
+		l := watchLines(w)
+		return len(l) > 0 && l[len(l)-1]["leader"] == "alpha"
+	})
+	r.signal(syscall.SIGKILL)
+	killedAt := time.Now()
+	waitFor(t, advisoryTakeover, "watch to show no leader after SIGKILL of the leader", func() bool {
+		l := watchLines(w)
+		return l[len(l)-1]["leader"] == nil && l[len(l)-1]["held"] == false
+	})
+	t.Logf("advisory strategy: watch saw the killed leader go after %v", time.Since(killedAt).Round(time.Millisecond))
+	w.signal(syscall.SIGTERM)
+	if code := w.wait(10 * time.Second); code != 0 {
+		t.Errorf("watch exit code %d after SIGTERM", code)
+	}
+	if l := watchLines(w); len(l) != 2 || l[1]["term"].(float64) != term {
+		t.Errorf("watch printed %v, want alpha then none with term %v", l, term)
+	}
+	if st, _ := status("--strategy", "advisory"); st["leader"] != nil || st["term"].(float64) != term {
+		t.Errorf("status after the leader was killed: %v, want no leader and the last term %v", st, term)
+	}
+
+	// The other way round: an election of the lease strategy, looked at
+	// with --strategy advisory.
+	if _, stderr, code := e.run("run", "--store", store, "--name", "leased", "--", "true"); code != 0 {
+		t.Fatalf("run: exit %d\n%s", code, stderr)
+	}
+	out, stderr, code := e.run("status", "--store", store, "--name", "leased", "--strategy", "advisory")
+	if code != 0 || !strings.Contains(out, "none (never granted)") || !strings.Contains(stderr, "--strategy lease") {
+		t.Errorf("status --strategy advisory of a lease election: exit %d\n%s%s", code, out, stderr)
+	}
 }
 
 func checkDemo(t *testing.T, out, stderr string, code int) {

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -19,11 +20,18 @@ import (
 	"github.com/leaderelect/leader/filelock"
 )
 
-// Strategies on PostgreSQL (--strategy).
+// Strategies on PostgreSQL (--strategy). Each keeps its own records: the
+// candidates of one election, and status and watch, must all use the same.
 const (
-	strategyLease    = "lease"
-	strategyAdvisory = "advisory"
+	strategyLease    = "lease"    // postgres.LeaseStore: a row whose lease runs out
+	strategyAdvisory = "advisory" // postgres.AdvisoryStore: a session advisory lock
 )
+
+// registerStrategy adds --strategy to fs, bound to p, with usage as its
+// help.
+func registerStrategy(fs *flag.FlagSet, p *string, usage string) {
+	fs.StringVar(p, "strategy", strategyLease, usage)
+}
 
 // defaultStoreDir is the embedded store's directory when no store is named:
 // filelock.DefaultDir, a per-user directory that survives reboots (so terms
@@ -48,6 +56,8 @@ const (
 type openedStore struct {
 	leader.Store
 	kind storeKind
+	// strategy is the PostgreSQL strategy ("" for the embedded store).
+	strategy string
 	// display is the URL as shown to people: passwords masked.
 	display string
 	// id names the store without secrets, for fences: the directory (its
@@ -59,7 +69,10 @@ type openedStore struct {
 	fenceDir string
 	// migrate creates or updates the store's schema (PostgreSQL only).
 	migrate func(ctx context.Context) error
-	close   func()
+	// observeOther reads name's lease under the other PostgreSQL strategy,
+	// for a hint when this one shows no leader (nil elsewhere).
+	observeOther func(ctx context.Context, name string) (leader.Lease, error)
+	close        func()
 }
 
 // fencePath returns the fence of election name on this store.
@@ -75,10 +88,11 @@ func (s *openedStore) Close() {
 
 // storeSpec is a parsed store URL.
 type storeSpec struct {
-	kind    storeKind
-	raw     string // as given (may hold a password: never print it)
-	display string
-	dir     string // fileStore
+	kind     storeKind
+	raw      string // as given (may hold a password: never print it)
+	display  string
+	dir      string // fileStore
+	strategy string // postgresStore: strategyLease or strategyAdvisory; see withStrategy
 }
 
 // parseStoreURL checks a store URL without opening anything. "" means the
@@ -113,22 +127,25 @@ func parseStoreURL(raw string) (storeSpec, error) {
 	}
 }
 
-// checkStrategy validates --strategy for spec.
-func checkStrategy(spec storeSpec, strategy string) error {
+// withStrategy returns spec with the strategy --strategy names, or a usage
+// error. The embedded store has no strategies: any --strategy but the
+// default is refused there.
+func withStrategy(spec storeSpec, strategy string) (storeSpec, error) {
+	switch {
+	case strategy != "" && strategy != strategyLease && spec.kind != postgresStore:
+		return spec, usagef("--strategy applies to PostgreSQL stores only")
+	case spec.kind != postgresStore:
+		return spec, nil
+	}
 	switch strategy {
 	case "", strategyLease:
-		return nil
+		spec.strategy = strategyLease
 	case strategyAdvisory:
-		if spec.kind != postgresStore {
-			return usagef("--strategy applies to PostgreSQL stores only")
-		}
-		return usagef("--strategy advisory is not available yet; use --strategy lease (the default)")
+		spec.strategy = strategyAdvisory
 	default:
-		if spec.kind != postgresStore {
-			return usagef("--strategy applies to PostgreSQL stores only")
-		}
-		return usagef("--strategy %q: want lease", strategy)
+		return spec, usagef("--strategy %q: want lease or advisory", strategy)
 	}
+	return spec, nil
 }
 
 // openStore opens the store spec names.

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/cmd/leader/internal/fence"
 	"github.com/leaderelect/leader/postgres"
 )
@@ -67,49 +68,128 @@ func postgresPool(ctx context.Context, spec storeSpec) (*pgxpool.Pool, string, e
 	return pool, id, nil
 }
 
-// openPostgres opens the lease-table store. Unless forMigrate, it checks
-// that the lease table exists, so that a forgotten "leader migrate" is
-// reported once, clearly, instead of on every store call.
+// minAdvisoryServer is the oldest server (server_version_num) that can serve
+// the advisory strategy: PostgreSQL 14, the first with idle_session_timeout,
+// with which the server frees a vanished leader's lock. The postgres package
+// checks it too; checking here first lets the message name the flags.
+const minAdvisoryServer = 140000
+
+// openPostgres opens the store of spec's strategy. Unless forMigrate, it
+// checks that the strategy's table exists, so that a forgotten "leader
+// migrate" is reported once, clearly, instead of on every store call; for
+// the advisory strategy it also checks that the server can serve it, and
+// refuses with a usage error a server that cannot: the flags ask for
+// something this store cannot do.
 func openPostgres(ctx context.Context, spec storeSpec, log *slog.Logger, forMigrate bool) (*openedStore, error) {
 	pool, id, err := postgresPool(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
 	opts := postgres.Options{Logger: log}
-	store, err := postgres.NewLeaseStore(pool, opts)
+	leases, err := postgres.NewLeaseStore(pool, opts)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	if !forMigrate {
-		full := store.Options()
-		table := pgx.Identifier{full.Schema, full.Table}.Sanitize()
-		var found *string
-		qctx, cancel := context.WithTimeout(ctx, connectTimeout)
-		err := pool.QueryRow(qctx, "SELECT to_regclass($1)::text", table).Scan(&found)
-		cancel()
-		if err != nil {
-			store.Close()
-			pool.Close()
-			return nil, fmt.Errorf("looking for the lease table on %s: %w", spec.display, err)
-		}
-		if found == nil {
-			store.Close()
-			pool.Close()
-			return nil, fmt.Errorf("the lease table %s does not exist on %s: run \"leader migrate\" with this store first", table, spec.display)
-		}
-	}
-	log.Debug("store opened", slog.String("store", spec.display))
-	return &openedStore{
-		Store:    store,
+	full := leases.Options()
+	s := &openedStore{
+		Store:    leases,
 		kind:     postgresStore,
+		strategy: spec.strategy,
 		display:  spec.display,
 		id:       id,
 		fenceDir: fence.HostDir(),
 		migrate:  func(ctx context.Context) error { return postgres.Migrate(ctx, pool, opts) },
 		close: func() {
-			store.Close()
+			leases.Close()
 			pool.Close()
 		},
-	}, nil
+	}
+	switch {
+	case forMigrate:
+		// Migrate creates both strategies' tables.
+	case spec.strategy == strategyAdvisory:
+		advisory, err := openAdvisory(ctx, spec, pool, opts, full)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.Store = advisory
+		s.observeOther = leases.Observe
+		s.close = func() {
+			advisory.Close()
+			leases.Close()
+			pool.Close()
+		}
+	default:
+		if err := checkTable(ctx, spec, pool, "lease table", full.Schema, full.Table); err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.observeOther = func(ctx context.Context, name string) (leader.Lease, error) {
+			// Rarely needed (see strategyHint): open the advisory store
+			// only then. It fails where the advisory strategy cannot
+			// work (a pooler, an old server), and so was not used.
+			advisory, err := postgres.NewAdvisoryStore(ctx, pool, opts)
+			if err != nil {
+				return leader.Lease{}, err
+			}
+			defer advisory.Close()
+			return advisory.Observe(ctx, name)
+		}
+	}
+	log.Debug("store opened", slog.String("store", spec.display), slog.String("strategy", spec.strategy))
+	return s, nil
+}
+
+// checkTable reports, as an error that says to run "leader migrate", if
+// the table schema.table (what names it for people) does not exist.
+func checkTable(ctx context.Context, spec storeSpec, pool *pgxpool.Pool, what, schema, table string) error {
+	name := pgx.Identifier{schema, table}.Sanitize()
+	var found *string
+	qctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if err := pool.QueryRow(qctx, "SELECT to_regclass($1)::text", name).Scan(&found); err != nil {
+		return fmt.Errorf("looking for the %s on %s: %w", what, spec.display, err)
+	}
+	if found == nil {
+		return fmt.Errorf("the %s %s does not exist on %s: run \"leader migrate\" with this store first", what, name, spec.display)
+	}
+	return nil
+}
+
+// openAdvisory opens the advisory store on pool, after checking what can be
+// checked with a clearer message than the postgres package's: the server's
+// version (a usage error) and the table. A pooler shows only on the store's
+// own connection; NewAdvisoryStore reports it, and it is a usage error too.
+func openAdvisory(ctx context.Context, spec storeSpec, pool *pgxpool.Pool, opts, full postgres.Options) (*postgres.AdvisoryStore, error) {
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	var (
+		version     int
+		versionText string
+	)
+	err := pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_setting('server_version')").Scan(&version, &versionText)
+	if err != nil {
+		return nil, fmt.Errorf("reading the server version of %s: %w", spec.display, err)
+	}
+	if version < minAdvisoryServer {
+		return nil, usagef("--strategy advisory needs PostgreSQL 14 or later, but %s runs PostgreSQL %s: use --strategy lease (the default), or upgrade the server",
+			spec.display, versionText)
+	}
+	if err := checkTable(ctx, spec, pool, "advisory strategy's table", full.Schema, full.AdvisoryTable); err != nil {
+		return nil, err
+	}
+	advisory, err := postgres.NewAdvisoryStore(ctx, pool, opts)
+	switch {
+	case errors.Is(err, postgres.ErrPooledSession):
+		return nil, usagef("--strategy advisory needs a direct connection to PostgreSQL, but %s goes through a connection pooler "+
+			"(such as PgBouncer in transaction mode: statements run in another server process than the one that accepted the connection), "+
+			"where the leader's lock would stay on a server connection that other clients go on using; "+
+			"give a URL that reaches PostgreSQL directly, or use --strategy lease (the default), which works through a pooler",
+			spec.display)
+	case err != nil:
+		return nil, fmt.Errorf("opening the advisory store on %s: %w", spec.display, err)
+	}
+	return advisory, nil
 }

@@ -18,7 +18,12 @@ Usage:
 
 Stores (--store URL, or $LEADER_STORE):
   postgres://user:password@host:5432/db   PostgreSQL (also postgresql://…), for several hosts;
-                                          run "leader migrate" once first
+                                          run "leader migrate" once first. --strategy lease
+                                          (default): a dead leader is replaced when its lease
+                                          runs out; --strategy advisory: as soon as PostgreSQL
+                                          notices its connection closed (PostgreSQL 14+, a
+                                          direct connection: no PgBouncer in transaction mode).
+                                          status and watch need the candidates' --strategy
   file:///some/dir                        the embedded store: a file lock in a local
                                           directory, for processes on one host
   (none)                                  the embedded store in ` + defaultStoreDirHelp + `
@@ -30,7 +35,8 @@ Logs go to stderr through slog: --log-format text (default) or json,
 Exit codes:
   0        success
   1        runtime error (for example the store cannot be opened)
-  2        usage error: unknown command, bad flag, missing --name or command
+  2        usage error: unknown command, bad flag, missing --name or command,
+           or --strategy advisory on a server that cannot serve it
   N        run/once: the command's own exit code; 128+N if signal N ended it;
            126/127 if it could not be executed / was not found
 
