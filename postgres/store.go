@@ -146,7 +146,7 @@ const maxIdentifierLength = 63
 // maxPayloadLength bounds a NOTIFY payload (PostgreSQL refuses 8000 bytes
 // or more). A longer election name is sent as an empty payload, which wakes
 // every watcher of the store.
-const maxPayloadLength = 7999
+const maxPayloadLength = MaxNotifyPayloadLen
 
 // Options configures the stores (LeaseStore, AdvisoryStore), the Router and
 // Migrate. The zero value is valid and uses the defaults. Every store and
@@ -193,9 +193,10 @@ type Options struct {
 	// risk of the default.
 	Key func(name string) int64
 
-	// Logger receives the wake-up listener's connection problems (a
-	// warning when the connection is lost, debug on each failed retry, info
-	// when it is back). Default: discard.
+	// Logger receives the problems of the stores' wake-up listeners and
+	// lock waiters, and of Router.Serve (a warning when a connection is
+	// lost or a handler fails, debug on each failed retry, info when it is
+	// back). Default: discard.
 	Logger *slog.Logger
 }
 
