@@ -167,8 +167,9 @@ func keyHalves(key int64) (hi, lo int64) {
 // with the same opts. It connects once to check that the server can serve
 // the advisory strategy: PostgreSQL 14 or later, a session of its own (no
 // transaction-pooling proxy, see ErrPooledSession), and the table migrated.
-// It returns an *OptionsError if opts break a rule. The pool stays the
-// caller's: Close does not close it.
+// It returns an *OptionsError if opts break a rule. Close the store when
+// done: it keeps connections, and a goroutine that closes those unused. The
+// pool stays the caller's: Close does not close it.
 func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*AdvisoryStore, error) {
 	if pool == nil {
 		return nil, errors.New("postgres: NewAdvisoryStore: pool is nil")
