@@ -67,14 +67,18 @@ import (
 //
 // If the server itself ends the holder's session (pg_terminate_backend, a
 // restart, a crash), the lock is freed at once, while the holder may still
-// believe it leads until its next heartbeat. To keep that window small the
-// store reads the holder's idle session all the time: the server sends its
-// FATAL message before it frees the lock, and the store then tells the
-// Elector at once (leader.LossNotifier), which steps down before a
-// successor, which needs at least one more round trip, can be granted the
-// lock. That ordering is not a guarantee on a starved machine: writes made
-// under leadership should carry the fencing term (leader.TermFrom), and
-// the resource should refuse a smaller term than it has seen.
+// believe it leads until its next heartbeat. So the store reads the
+// holder's idle session all the time: the server sends its FATAL message
+// before it frees the lock (and a reset connection reaches both ends at
+// once), and the store then tells the Elector at once
+// (leader.LossNotifier), which steps down. On the other side, a grant of a
+// lock whose previous holder left without a release is reported only after
+// Options.TakeoverGrace (50 ms by default), which the previous holder, if
+// it is alive, has to see its session end and step down. Only a holder
+// stalled for longer than that (paused, or starved of CPU) can still
+// believe it leads when its successor starts: writes made under
+// leadership should carry the fencing term (leader.TermFrom), and the
+// resource should refuse a smaller term than it has seen.
 //
 // # Wake-ups
 //
@@ -347,6 +351,13 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 		if err != nil {
 			return leader.Lease{}, false, err
 		}
+		if r.granted() && r.unreleased {
+			// Taken from a holder whose session ended without a release:
+			// give it TakeoverGrace to see that too and step down.
+			if err := sleepCtx(ctx, s.opts.TakeoverGrace); err != nil {
+				return leader.Lease{}, false, errors.Join(errSessionReset, err)
+			}
+		}
 		if r.granted() || r.held || attempt == settleAttempts {
 			return r.lease(name, c.ID, ttl), r.granted(), nil
 		}
@@ -357,6 +368,21 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 			return leader.Lease{}, false, ctx.Err()
 		case <-timer.C:
 		}
+	}
+}
+
+// sleepCtx waits for d or until ctx ends, returning ctx.Err() then.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
 	}
 }
 
@@ -372,6 +398,7 @@ type grantResult struct {
 	other, curHolder          *string
 	held, locked              bool
 	remaining                 time.Duration
+	unreleased                bool // the previous holder did not release
 }
 
 func (r grantResult) granted() bool { return r.got && r.term != nil }
@@ -402,7 +429,7 @@ func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session
 		n int64
 	)
 	err := conn.QueryRow(ctx, s.sql.grant, name, ss.key, c.Token, c.ID, iv, ms, idle, every, s.opts.Channel, hi, lo).
-		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked)
+		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased)
 	if err != nil {
 		if sqlState(err) == "23505" { // unique_violation: the key, taken by another name at the same moment
 			return r, fmt.Errorf("advisory key %d of %q is used by another election name (raced for its first grant); give one of them another key with Options.Key: %w",

@@ -89,12 +89,15 @@ func newAdvisoryStatements(table string) advisoryStatements {
 		// says, since holding the lock proves its holder is gone. The
 		// holder's settings and the wake-up follow a grant. "cur" is the
 		// lease as it stood when the statement began, for a refused
-		// candidate.
+		// candidate; "previous" says whether the last holder left without
+		// a release (see Options.TakeoverGrace).
 		grant: fill(`
 WITH lk AS MATERIALIZED (
 	SELECT pg_try_advisory_lock($2) AS got
 ), other AS (
 	SELECT a.name FROM {t} AS a WHERE a.key = $2 AND a.name <> $1 LIMIT 1
+), previous AS (
+	SELECT a.holder_token IS NOT NULL AS unreleased FROM {t} AS a WHERE a.name = $1
 ), granted AS (
 	INSERT INTO {t} AS a (name, key, term, holder_token, holder_id, holder_pid, ttl, acquired_at)
 	SELECT $1, $2, 1, $3, $4, pg_backend_pid(), $5::interval, clock_timestamp()
@@ -114,7 +117,8 @@ WITH lk AS MATERIALIZED (
 SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
 	(SELECT count(*) FROM armed) + (SELECT count(*) FROM notified),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
-	coalesce(c.locked, EXISTS (` + heldBy("$10", "$11") + `))
+	coalesce(c.locked, EXISTS (` + heldBy("$10", "$11") + `)),
+	coalesce((SELECT unreleased FROM previous), false)
 FROM lk
 LEFT JOIN granted AS g ON true
 LEFT JOIN cur AS c ON true`),

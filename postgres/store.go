@@ -136,6 +136,8 @@ const (
 	// DefaultMessageTable is the table used when Options.MessageTable is
 	// empty.
 	DefaultMessageTable = "leader_messages"
+	// DefaultTakeoverGrace is Options.TakeoverGrace when it is zero.
+	DefaultTakeoverGrace = 50 * time.Millisecond
 )
 
 // maxIdentifierLength is PostgreSQL's NAMEDATALEN-1. Longer identifiers are
@@ -187,6 +189,14 @@ type Options struct {
 	// like Channel. At most 63 bytes.
 	MessageChannel string
 
+	// TakeoverGrace is how long an AdvisoryStore waits, after taking a
+	// lock whose previous holder left without a release, before it
+	// reports the grant: the time the previous holder, if it is alive,
+	// has to learn that the server ended its session and step down (it
+	// learns from the same event, so it needs far less). The advisory
+	// strategy only. Default DefaultTakeoverGrace (50ms); at least 0.
+	TakeoverGrace time.Duration
+
 	// Key returns the advisory lock key for an election name (the advisory
 	// strategy only). Default AdvisoryKey. Every AdvisoryStore on one
 	// database must use the same Key; see AdvisoryKey for the collision
@@ -236,6 +246,9 @@ func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.TakeoverGrace == 0 {
+		o.TakeoverGrace = DefaultTakeoverGrace
+	}
 	return o
 }
 
@@ -270,6 +283,9 @@ func (o Options) validate() error {
 		case strings.ContainsRune(f.value, 0):
 			return &OptionsError{Field: f.field, Value: f.value, Rule: "must not contain a NUL byte"}
 		}
+	}
+	if o.TakeoverGrace < 0 {
+		return &OptionsError{Field: "TakeoverGrace", Value: o.TakeoverGrace.String(), Rule: "must be at least 0"}
 	}
 	return nil
 }
