@@ -31,6 +31,30 @@
 // Connect pgx to PgBouncer 1.20 or older with default_query_exec_mode=exec
 // (or simple_protocol) in the connection string.
 //
+// # Privileges
+//
+// Only Migrate creates anything: run it as a role that may create the
+// schema (if missing) and tables in it, such as the tables' owner at
+// deploy time. The stores and the Router need no superuser, no right to
+// create anything and no statistics role; with the default Options the
+// role they run as needs only:
+//
+//	GRANT CONNECT ON DATABASE app TO leader_app;
+//	GRANT USAGE ON SCHEMA public TO leader_app;
+//	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory TO leader_app;
+//	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO leader_app;
+//
+// The message table's identity sequence needs no grant, and LISTEN,
+// NOTIFY, advisory locks, pg_locks and pg_stat_activity need none.
+// Migrate run as such a role fails with SQLSTATE 42501 ("permission denied
+// for schema public") even when every table exists: PostgreSQL checks the
+// CREATE privilege before IF NOT EXISTS. pg_stat_activity shows how long a
+// session has been idle only to its own role, its members and
+// pg_read_all_stats: run every candidate of an advisory election as one
+// role, or followers are told the holder's whole TTL as Lease.Remaining
+// (they are still woken at once when the holder goes). See Example
+// (Privileges).
+//
 // # The lease table
 //
 // [Migrate] creates the table (by default public.leader_leases) with one row
