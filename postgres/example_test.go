@@ -25,7 +25,8 @@ func databaseURL() string {
 }
 
 // A service elects one of its instances to run the nightly report: create the
-// table (Migrate is idempotent, so running it at every start is fine), make
+// table (Migrate is idempotent, so running it at every start is fine for a
+// role that may create tables; see Privileges in the package doc), make
 // a store, and campaign. The leader work runs in OnElected until its context
 // ends.
 func Example() {

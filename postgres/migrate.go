@@ -29,11 +29,14 @@ var migrateLockKey = func() int64 {
 
 // Migrate creates the tables described by opts (the lease table, the
 // advisory strategy's table and the Router's message table, and their
-// schema, if missing), or does nothing for those that exist. It is safe to run every time a
-// program starts, from many processes at once: it runs in one transaction
-// that first takes a transaction-scoped advisory lock, so concurrent calls
-// wait for each other instead of racing on the catalog. It needs the
-// privilege to create the schema (if missing) and tables in it.
+// schema, if missing), or does nothing for those that exist. It is safe to
+// run every time a program starts, from many processes at once: it runs in
+// one transaction that first takes a transaction-scoped advisory lock, so
+// concurrent calls wait for each other instead of racing on the catalog.
+// It needs the privilege to create the schema (if missing) and tables in
+// it, even when they exist (PostgreSQL checks it before IF NOT EXISTS): a
+// program that runs as a role without it must leave Migrate to a deploy
+// step (see Privileges in the package documentation).
 //
 // It returns an *OptionsError if opts break a rule, and an error wrapping
 // leader.ErrReadOnly on a read-only server.
