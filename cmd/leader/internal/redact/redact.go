@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Mask replaces a secret.
@@ -30,8 +32,15 @@ var passwordParams = []string{"password", "sslpassword"}
 // replaced by Mask. A URL that net/url refuses has its password masked in
 // the text (see maskUnparsed); text without a scheme, or an opaque URL such
 // as "user:pw@host", is returned as Mask whole, since there is no telling
-// where a secret in it might be.
+// where a secret in it might be. Finally every secret that Secrets finds is
+// masked wherever it is left: pgx reads URLs as libpq does, which does not
+// always agree with net/url on where the password is (a "#" in it, say).
 func URL(raw string) string {
+	return ForURL(raw).String(display(raw))
+}
+
+// display is URL without the final masking.
+func display(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return maskUnparsed(raw)
@@ -89,6 +98,7 @@ func Secrets(raw string) []string {
 				}
 			}
 		}
+		addDriverPassword(raw, add)
 		return out
 	}
 	if pw, has := u.User.Password(); has {
@@ -111,7 +121,22 @@ func Secrets(raw string) []string {
 			}
 		}
 	}
+	addDriverPassword(raw, add)
 	return out
+}
+
+// addDriverPassword adds the password pgx itself reads from raw, as
+// written in any of the ways a URL may carry it, since pgx parses URLs as
+// libpq does and not always as net/url does.
+func addDriverPassword(raw string, add func(string)) {
+	cfg, err := pgconn.ParseConfig(raw)
+	if err != nil || cfg.Password == "" {
+		return
+	}
+	add(cfg.Password)
+	add(url.QueryEscape(cfg.Password))
+	add(url.PathEscape(cfg.Password))
+	add(url.UserPassword("", cfg.Password).String()[1:])
 }
 
 // maskUnparsed masks the password of a URL that net/url refuses (a bad port,

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func TestURL(t *testing.T) {
@@ -103,5 +105,28 @@ func TestReplaceAttrMasksLogRecords(t *testing.T) {
 				t.Errorf("want 4 masks in %s", out)
 			}
 		})
+	}
+}
+
+// TestDriverPasswords checks URLs that net/url and pgx (which reads URLs as
+// libpq does) split differently: the password pgx would use is masked.
+func TestDriverPasswords(t *testing.T) {
+	for _, c := range []struct{ raw, secret string }{
+		{"postgres://app:sec#retPW@db.example/leader", "sec#retPW"},
+		{"postgres://app@db.example/leader?sslmode=disable&password=abc;defSECRET", "abc;defSECRET"},
+		{"postgres://db.example?x=a:secretPW@b/leader", "secretPW"},
+		{"postgres://app:p%40ss%23word@db.example/leader", "p@ss#word"},
+	} {
+		cfg, err := pgconn.ParseConfig(c.raw)
+		if err != nil || cfg.Password != c.secret {
+			t.Fatalf("pgx reads %q as password %q (%v); the test expects %q", c.raw, cfg.Password, err, c.secret)
+		}
+		if got := URL(c.raw); strings.Contains(got, c.secret) {
+			t.Errorf("URL(%q) = %q shows the password", c.raw, got)
+		}
+		msg := "connecting to " + c.raw + " failed: password " + c.secret + " refused"
+		if got := ForURL(c.raw).String(msg); strings.Contains(got, c.secret) {
+			t.Errorf("Redactor for %q leaves the password in %q", c.raw, got)
+		}
 	}
 }
