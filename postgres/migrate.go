@@ -52,7 +52,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("postgres: migrate: %w", err)
 	}
-	what := fmt.Sprintf("migrate schema %s", pgx.Identifier{opts.Schema}.Sanitize())
+	what := fmt.Sprintf("migrate schema %q", opts.Schema)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
 			return fmt.Errorf("taking the migration lock: %w", err)

@@ -141,6 +141,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -182,7 +183,7 @@ const maxPayloadLength = MaxNotifyPayloadLen
 type Options struct {
 	// Schema is the schema of the tables. Default DefaultSchema
 	// ("public"). Migrate creates it if it does not exist. At most 63
-	// bytes; any characters (it is always quoted).
+	// bytes; any valid UTF-8 but NUL (it is always quoted).
 	Schema string
 
 	// Table is the name of the lease table (the lease strategy). Default
@@ -192,12 +193,12 @@ type Options struct {
 
 	// AdvisoryTable is the name of the advisory strategy's term table.
 	// Default DefaultAdvisoryTable ("leader_advisory"). At most 63 bytes;
-	// any characters (it is always quoted).
+	// any valid UTF-8 but NUL (it is always quoted).
 	AdvisoryTable string
 
 	// MessageTable is the name of the Router's table of durable messages.
 	// Default DefaultMessageTable ("leader_messages"). At most 63 bytes;
-	// any characters (it is always quoted).
+	// any valid UTF-8 but NUL (it is always quoted).
 	MessageTable string
 
 	// Channel is the LISTEN/NOTIFY channel for the stores' wake-ups (the
@@ -306,7 +307,19 @@ func (o Options) validate() error {
 				Rule: fmt.Sprintf("must be at most %d bytes (PostgreSQL truncates longer names), is %d", maxIdentifierLength, len(f.value))}
 		case strings.ContainsRune(f.value, 0):
 			return &OptionsError{Field: f.field, Value: f.value, Rule: "must not contain a NUL byte"}
+		case !utf8.ValidString(f.value):
+			return &OptionsError{Field: f.field, Value: f.value, Rule: "must be valid UTF-8"}
 		}
+	}
+	switch {
+	case o.AdvisoryTable == o.Table:
+		return &OptionsError{Field: "AdvisoryTable", Value: o.AdvisoryTable, Rule: "must differ from Table"}
+	case o.MessageTable == o.Table:
+		return &OptionsError{Field: "MessageTable", Value: o.MessageTable, Rule: "must differ from Table"}
+	case o.MessageTable == o.AdvisoryTable:
+		return &OptionsError{Field: "MessageTable", Value: o.MessageTable, Rule: "must differ from AdvisoryTable"}
+	case o.MessageChannel == o.Channel:
+		return &OptionsError{Field: "MessageChannel", Value: o.MessageChannel, Rule: "must differ from Channel"}
 	}
 	if o.TakeoverGrace < 0 {
 		return &OptionsError{Field: "TakeoverGrace", Value: o.TakeoverGrace.String(), Rule: "must be at least 0"}
