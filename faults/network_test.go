@@ -1,0 +1,556 @@
+package faults_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
+	"github.com/leaderelect/leader/internal/fenced"
+	"github.com/leaderelect/leader/internal/history"
+	"github.com/leaderelect/leader/internal/pgtest"
+	"github.com/leaderelect/leader/postgres"
+)
+
+const (
+	election   = "faulty"
+	resource   = "leader-output"
+	ttl        = 2 * time.Second // RenewInterval TTL/3, about 667 ms
+	candidates = 3
+	// writeEvery is the pace of each leader's writes to the fenced register.
+	writeEvery = 20 * time.Millisecond
+	// maxInjectDelay bounds the random wait between a leader's election and
+	// the fault.
+	maxInjectDelay = 700 * time.Millisecond
+	// ciTrials and soakTrials are the trials of each fault on each strategy
+	// in one scenario, in CI mode and in each round of soak mode.
+	ciTrials   = 2
+	soakTrials = 10
+	// envSoak names the environment variable that turns soak mode on.
+	envSoak = "LEADER_SOAK"
+)
+
+var strategies = []string{"lease", "advisory"}
+
+// toxic is one toxiproxy toxic, in the JSON form ToxicCollection.AddToxicJson
+// reads.
+type toxic struct {
+	Name       string         `json:"name"`
+	Type       string         `json:"type"`
+	Stream     string         `json:"stream"` // "upstream" (to the server) or "downstream"
+	Toxicity   float64        `json:"toxicity"`
+	Attributes map[string]any `json:"attributes"`
+}
+
+// both returns the toxic of type typ with attrs on both streams.
+func both(typ string, attrs map[string]any) []toxic {
+	return []toxic{
+		{Name: typ + "_up", Type: typ, Stream: "upstream", Toxicity: 1, Attributes: attrs},
+		{Name: typ + "_down", Type: typ, Stream: "downstream", Toxicity: 1, Attributes: attrs},
+	}
+}
+
+// networkFault is a fault of the current leader's connections.
+type networkFault struct {
+	name   string
+	toxics []toxic
+	// maxTakeover bounds the takeover, from the end of the old leader's
+	// belief to the new leader's OnElected. Generous: the point is to
+	// catch a takeover that does not happen, not to benchmark.
+	maxTakeover time.Duration
+}
+
+var networkFaults = []networkFault{
+	{
+		// The timeout toxic with timeout 0 drops every byte and never
+		// closes the connection: no FIN, no RST.
+		name:        "black-hole",
+		toxics:      both("timeout", map[string]any{"timeout": 0}),
+		maxTakeover: 3 * ttl,
+	},
+	{
+		// reset_peer closes with SO_LINGER 0, which sends RST, both to
+		// the client and to the server, at the first byte either sends.
+		// (Disabling the proxy would close with FIN.)
+		name:        "reset",
+		toxics:      both("reset_peer", map[string]any{"timeout": 0}),
+		maxTakeover: 3 * ttl,
+	},
+	{
+		// 2.5 s each way: every renewal's answer comes after the
+		// Elector's local deadline. delayToxic is toxiproxy's latency
+		// toxic without its goroutine leak.
+		name:        "delay",
+		toxics:      both(delayToxicType, map[string]any{"latency": 2500}),
+		maxTakeover: 3 * ttl,
+	},
+}
+
+// result is what one scenario, or a tally of them, found.
+type result struct {
+	trials, overlaps, termRegressions int
+	takeovers                         []time.Duration
+}
+
+func (r *result) add(o result) {
+	r.trials += o.trials
+	r.overlaps += o.overlaps
+	r.termRegressions += o.termRegressions
+	r.takeovers = append(r.takeovers, o.takeovers...)
+}
+
+// tally adds up results per fault and strategy.
+type tally struct {
+	mu      sync.Mutex
+	results map[[2]string]*result
+}
+
+func (ta *tally) add(fault, strategy string, r result) {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	key := [2]string{fault, strategy}
+	if ta.results[key] == nil {
+		ta.results[key] = &result{}
+	}
+	ta.results[key].add(r)
+}
+
+// markdown returns the tally as a markdown table, in the order of
+// networkFaults and strategies.
+func (ta *tally) markdown() string {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	var b strings.Builder
+	b.WriteString("| fault | strategy | trials | overlaps | term regressions | takeover p50 | takeover p99 | takeover max |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, f := range networkFaults {
+		for _, s := range strategies {
+			if r := ta.results[[2]string{f.name, s}]; r != nil {
+				b.WriteString(row(f.name, s, *r) + "\n")
+			}
+		}
+	}
+	return b.String()
+}
+
+func row(fault, strategy string, r result) string {
+	sum := history.Summarize(r.takeovers)
+	round := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	return fmt.Sprintf("| %s | %s | %d | %d | %d | %v | %v | %v |",
+		fault, strategy, r.trials, r.overlaps, r.termRegressions, round(sum.P50), round(sum.P99), round(sum.Max))
+}
+
+// soakDuration returns how long soak mode should run, or 0 in CI mode.
+func soakDuration(t *testing.T) time.Duration {
+	v := os.Getenv(envSoak)
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a positive Go duration such as 30m", envSoak, v)
+	}
+	return d
+}
+
+// Every network fault on every strategy, a few times each in CI mode, for
+// as long as LEADER_SOAK says in soak mode. See the package documentation.
+func TestNetworkFaults(t *testing.T) {
+	soak := soakDuration(t)
+	trials := ciTrials
+	if soak > 0 {
+		trials = soakTrials
+	}
+	total := &tally{results: map[[2]string]*result{}}
+	deadline := time.Now().Add(soak)
+	for round := 1; ; round++ {
+		t.Run(fmt.Sprint("round ", round), func(t *testing.T) {
+			for _, f := range networkFaults {
+				for _, strategy := range strategies {
+					t.Run(fmt.Sprintf("the %s store keeps one leader when the leader's connections suffer a %s", strategy, f.name), func(t *testing.T) {
+						t.Parallel()
+						r := runScenario(t, f, strategy, trials)
+						total.add(f.name, strategy, r)
+						t.Log(row(f.name, strategy, r))
+					})
+				}
+			}
+		})
+		if soak == 0 || t.Failed() || time.Now().After(deadline) {
+			break
+		}
+	}
+	table := total.markdown()
+	t.Logf("network faults:\n%s", table)
+	if soak > 0 {
+		fmt.Printf("\nNetwork faults, soak of %v:\n\n%s\n", soak, table)
+	}
+}
+
+// candidate is one Elector of a scenario, with the proxy in front of its
+// connections.
+type candidate struct {
+	id    string
+	e     *leader.Elector
+	rec   *history.Recorder
+	stop  func()
+	proxy *toxiproxy.Proxy // replaced by heal
+}
+
+// scenario is one fault on one strategy, over several trials.
+type scenario struct {
+	fault      networkFault
+	connString string
+	proxies    *toxiproxy.ApiServer
+	upstream   string
+	cands      []*candidate
+	reg        *fenced.Register
+	workPool   *pgxpool.Pool // straight to the server, never faulty
+	mu         sync.Mutex
+	acceptedBy map[uint64]int // accepted writes per term
+}
+
+func (s *scenario) written(term uint64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.acceptedBy[term]
+}
+
+// runScenario runs trials of fault f on the strategy's store and checks the
+// histories.
+func runScenario(t *testing.T, f networkFault, strategy string, trials int) result {
+	connString := pgtest.NewDatabase(t)
+	s := &scenario{
+		fault:      f,
+		connString: connString,
+		proxies:    toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
+		upstream:   serverAddr(t, connString),
+		workPool:   pgtest.OpenPool(t, connString),
+		acceptedBy: map[uint64]int{},
+	}
+	ctx := callCtx(t)
+	if err := postgres.Migrate(ctx, s.workPool, postgres.Options{}); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	var err error
+	if s.reg, err = fenced.Setup(ctx, s.workPool, "fenced"); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for i := range candidates {
+		s.cands = append(s.cands, s.newCandidate(t, dir, strategy, fmt.Sprint("e", i)))
+	}
+
+	var faultedTerms []uint64
+	cur, term := s.nextLeader(t, 0, 10*time.Second)
+	for trial := range trials {
+		// The fault's timing relative to the renewals, at random.
+		time.Sleep(rand.N(maxInjectDelay + 1))
+		faultedTerms = append(faultedTerms, term)
+		s.inject(t, cur)
+		next, nextTerm := s.nextLeader(t, term, f.maxTakeover+2*ttl)
+		if cur.e.IsLeader() {
+			t.Errorf("trial %d: %s still believes it leads with term %d after %s was elected with term %d", trial, cur.id, term, next.id, nextTerm)
+		}
+		// A late write with the deposed leader's term, as a leader that
+		// missed its demotion would make: the fence must refuse it.
+		accepted, err := s.reg.Write(callCtx(t), s.workPool, resource, term, cur.id+"-late", "late")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if accepted {
+			t.Errorf("trial %d: a write with the deposed leader's term %d was accepted after term %d had written", trial, term, nextTerm)
+		}
+		s.heal(t, cur)
+		cur, term = next, nextTerm
+	}
+
+	var wg sync.WaitGroup
+	for _, c := range s.cands {
+		wg.Go(c.stop)
+	}
+	wg.Wait()
+	for _, c := range s.cands {
+		if err := c.rec.Close(); err != nil {
+			t.Fatalf("%s: %v", c.id, err)
+		}
+	}
+	return s.check(t, dir, faultedTerms)
+}
+
+// check checks the histories of beliefs and of the register, and returns the
+// scenario's result. Takeovers are counted only from the faulted leaders:
+// the handovers when the scenario stops its Electors are not the fault's.
+func (s *scenario) check(t *testing.T, dir string, faultedTerms []uint64) result {
+	evs, err := history.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := history.Check(evs, history.Bounds{MaxTakeover: s.fault.maxTakeover})
+	if !rep.OK() {
+		t.Errorf("the history of beliefs fails:\n%v", rep)
+	}
+	r := result{trials: len(faultedTerms), overlaps: len(rep.Overlaps), termRegressions: len(rep.TermRegressions)}
+	for _, tk := range rep.Takeovers {
+		if slices.Contains(faultedTerms, tk.From.Term) {
+			r.takeovers = append(r.takeovers, tk.Gap)
+		}
+	}
+	if len(r.takeovers) != len(faultedTerms) {
+		t.Errorf("%d takeovers from the %d faulted leaders (terms %v):\n%v", len(r.takeovers), len(faultedTerms), faultedTerms, rep)
+	}
+
+	ops := s.reg.History()
+	if ok, _ := fenced.CheckLinearizable(ops); !ok {
+		t.Errorf("the fenced register's history of %d operations is not linearizable", len(ops))
+	}
+	for _, op := range staleAccepted(ops) {
+		t.Errorf("a stale write was accepted: %v", op)
+	}
+	var accepted, refused int
+	for _, op := range ops {
+		if op.Kind == fenced.Write && op.Accepted {
+			accepted++
+		} else if op.Kind == fenced.Write {
+			refused++
+		}
+	}
+	t.Logf("takeovers %v; fenced register: %d writes accepted, %d refused", history.Summarize(r.takeovers), accepted, refused)
+	return r
+}
+
+// staleAccepted returns the accepted writes whose term is smaller than that
+// of a write accepted before they were sent: what a deposed leader attempted
+// after its successor wrote, and the fence should have refused.
+func staleAccepted(ops []fenced.Op) []fenced.Op {
+	var done []fenced.Op // accepted writes, by return time
+	for _, op := range ops {
+		if op.Kind == fenced.Write && op.Accepted && !op.Unknown {
+			done = append(done, op)
+		}
+	}
+	sort.Slice(done, func(i, j int) bool { return done[i].Return < done[j].Return })
+	maxTerm := make([]uint64, len(done)) // greatest term of done[:i+1]
+	for i, op := range done {
+		maxTerm[i] = op.Term
+		if i > 0 {
+			maxTerm[i] = max(maxTerm[i], maxTerm[i-1])
+		}
+	}
+	var stale []fenced.Op
+	for _, op := range done {
+		n := sort.Search(len(done), func(i int) bool { return done[i].Return >= op.Invoke })
+		if n > 0 && maxTerm[n-1] > op.Term {
+			stale = append(stale, op)
+		}
+	}
+	return stale
+}
+
+// newCandidate starts an Elector for id on its own proxy, pool and store.
+func (s *scenario) newCandidate(t *testing.T, dir, strategy, id string) *candidate {
+	t.Helper()
+	c := &candidate{id: id, proxy: toxiproxy.NewProxy(s.proxies, id, "127.0.0.1:0", s.upstream)}
+	if err := c.proxy.Start(); err != nil {
+		t.Fatalf("%s: starting the proxy: %v", id, err)
+	}
+	// The proxy is replaced by heal: stop whichever is current.
+	t.Cleanup(func() { c.proxy.Stop() })
+	pool := poolVia(t, s.connString, c.proxy.Listen)
+	var store leader.Store
+	switch strategy {
+	case "lease":
+		ls, err := postgres.NewLeaseStore(pool, postgres.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ls.Close)
+		store = ls
+	case "advisory":
+		as, err := postgres.NewAdvisoryStore(callCtx(t), pool, postgres.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(as.Close)
+		store = as
+	default:
+		t.Fatalf("unknown strategy %q", strategy)
+	}
+
+	var err error
+	if c.rec, err = history.Create(dir, election); err != nil {
+		t.Fatal(err)
+	}
+	onElected, onDemoted := c.rec.Hooks(id)
+	c.e, err = leader.New(c.rec.Store(store, id), leader.Config{
+		Name:   election,
+		ID:     id,
+		TTL:    ttl,
+		Logger: testLogger(id),
+		OnElected: func(ctx context.Context) {
+			onElected(ctx)
+			s.work(t, ctx, id)
+		},
+		OnDemoted: onDemoted,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.stop = electortest.Run(t, c.e)
+	return c
+}
+
+// work is a leader's work: write the term to the register every writeEvery
+// until leadership ends. A write already sent when it ends is let finish.
+func (s *scenario) work(t *testing.T, ctx context.Context, id string) {
+	term, _ := leader.TermFrom(ctx)
+	tick := time.NewTicker(writeEvery)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		accepted, err := s.reg.Write(wctx, s.workPool, resource, term, id, fmt.Sprintf("%s/%d/%d", id, term, i))
+		cancel()
+		switch {
+		case err != nil:
+			t.Errorf("%s: %v", id, err)
+			return
+		case accepted:
+			s.mu.Lock()
+			s.acceptedBy[term]++
+			s.mu.Unlock()
+		case ctx.Err() == nil:
+			// A greater term was accepted before this write returned,
+			// and this instance still believes it leads.
+			t.Errorf("%s: write with term %d refused while it believes it leads", id, term)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// nextLeader waits for a leader with a term above after that has had a few
+// writes accepted.
+func (s *scenario) nextLeader(t *testing.T, after uint64, within time.Duration) (*candidate, uint64) {
+	t.Helper()
+	var cur *candidate
+	var term uint64
+	electortest.Eventually(t, within, fmt.Sprintf("a leader with a term above %d that has written", after), func() bool {
+		for _, c := range s.cands {
+			if st := c.e.Status(); st.IsLeader && st.Term > after && s.written(st.Term) >= 3 {
+				cur, term = c, st.Term
+				return true
+			}
+		}
+		return false
+	})
+	return cur, term
+}
+
+// inject breaks c's connections, those open and those to come.
+func (s *scenario) inject(t *testing.T, c *candidate) {
+	t.Helper()
+	for _, tx := range s.fault.toxics {
+		js, err := json.Marshal(tx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.proxy.Toxics.AddToxicJson(bytes.NewReader(js)); err != nil {
+			t.Fatalf("%s: adding toxic %s: %v", c.id, tx.Name, err)
+		}
+	}
+}
+
+// heal ends the fault of c's connections: it stops c's proxy, which closes
+// every connection through it, and starts a new one without toxics on the
+// same address. (Removing the toxics instead can hang in toxiproxy v2.12
+// when a link's connection is already gone.)
+func (s *scenario) heal(t *testing.T, c *candidate) {
+	t.Helper()
+	c.proxy.Stop()
+	fresh := toxiproxy.NewProxy(s.proxies, c.id, c.proxy.Listen, s.upstream)
+	// The old listener is closed; binding its port again can fail only
+	// if another process took it meanwhile, so retry briefly.
+	var err error
+	for range 50 {
+		if err = fresh.Start(); err == nil {
+			c.proxy = fresh
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: restarting the proxy on %s: %v", c.id, c.proxy.Listen, err)
+}
+
+// serverAddr returns the host:port of the server connString names.
+func serverAddr(t *testing.T, connString string) string {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
+		t.Fatalf("the test server is reached through a Unix socket (%s); the proxies need TCP", cfg.ConnConfig.Host)
+	}
+	return net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+}
+
+// poolVia returns a pool for the scenario's database that connects through
+// the proxy listening on proxyAddr, closed when t ends.
+func poolVia(t *testing.T, connString, proxyAddr string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, err := net.SplitHostPort(proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Host = host
+	cfg.ConnConfig.Port = uint16(p)
+	cfg.ConnConfig.Fallbacks = nil
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func testLogger(instance string) *slog.Logger {
+	if os.Getenv("LEADER_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", instance)
+}
+
+// callCtx returns a context for one call, bounded generously.
+func callCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
