@@ -32,11 +32,46 @@ var passwordParams = []string{"password", "sslpassword"}
 // replaced by Mask. A URL that net/url refuses has its password masked in
 // the text (see maskUnparsed); text without a scheme, or an opaque URL such
 // as "user:pw@host", is returned as Mask whole, since there is no telling
-// where a secret in it might be. Finally every secret that Secrets finds is
-// masked wherever it is left: pgx reads URLs as libpq does, which does not
-// always agree with net/url on where the password is (a "#" in it, say).
+// where a secret in it might be. Finally, pgx reads URLs as libpq does,
+// which does not always agree with net/url on where the password is (a "#"
+// in it, say): when they disagree, the password pgx reads is masked
+// wherever it is left, if it is at least minSecretLen bytes long.
 func URL(raw string) string {
-	return ForURL(raw).String(display(raw))
+	out := display(raw)
+	pw := driverPassword(raw)
+	if pw == "" || netURLReads(raw, pw) {
+		return out
+	}
+	r := &Redactor{}
+	forms(pw, func(s string) {
+		if len(s) >= minSecretLen { // as in free text: see minSecretLen
+			r.secrets = append(r.secrets, s)
+		}
+	})
+	r.sort()
+	return r.String(out)
+}
+
+// netURLReads reports whether net/url finds pw as raw's password or as one
+// of its password query parameters, which display masks already.
+func netURLReads(raw, pw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return false
+	}
+	if p, ok := u.User.Password(); ok && p == pw {
+		return true
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return false
+	}
+	for _, p := range passwordParams {
+		if q.Get(p) == pw {
+			return true
+		}
+	}
+	return false
 }
 
 // display is URL without the final masking.
@@ -129,14 +164,27 @@ func Secrets(raw string) []string {
 // written in any of the ways a URL may carry it, since pgx parses URLs as
 // libpq does and not always as net/url does.
 func addDriverPassword(raw string, add func(string)) {
-	cfg, err := pgconn.ParseConfig(raw)
-	if err != nil || cfg.Password == "" {
-		return
+	if pw := driverPassword(raw); pw != "" {
+		forms(pw, add)
 	}
-	add(cfg.Password)
-	add(url.QueryEscape(cfg.Password))
-	add(url.PathEscape(cfg.Password))
-	add(url.UserPassword("", cfg.Password).String()[1:])
+}
+
+// driverPassword returns the password pgx reads from raw, or "".
+func driverPassword(raw string) string {
+	cfg, err := pgconn.ParseConfig(raw)
+	if err != nil {
+		return ""
+	}
+	return cfg.Password
+}
+
+// forms passes pw to add as written plainly and in each way a URL may
+// carry it.
+func forms(pw string, add func(string)) {
+	add(pw)
+	add(url.QueryEscape(pw))
+	add(url.PathEscape(pw))
+	add(url.UserPassword("", pw).String()[1:])
 }
 
 // maskUnparsed masks the password of a URL that net/url refuses (a bad port,
@@ -185,13 +233,17 @@ func ForURL(raw string) *Redactor {
 			r.secrets = append(r.secrets, s)
 		}
 	}
-	// Longest first.
+	r.sort()
+	return r
+}
+
+// sort puts the longest secrets first.
+func (r *Redactor) sort() {
 	for i := 1; i < len(r.secrets); i++ {
 		for j := i; j > 0 && len(r.secrets[j]) > len(r.secrets[j-1]); j-- {
 			r.secrets[j], r.secrets[j-1] = r.secrets[j-1], r.secrets[j]
 		}
 	}
-	return r
 }
 
 // String returns s with every secret replaced by Mask.
