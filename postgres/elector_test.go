@@ -191,7 +191,12 @@ func TestElectorsOnPostgres(t *testing.T) {
 		if err := tx.Rollback(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		electortest.Eventually(t, 3*ttl, "a new leader", func() bool { return a.IsLeader() || b.IsLeader() })
+		// Wait for the history, not IsLeader: OnElected, which records the
+		// election, runs on its own goroutine after IsLeader turns true.
+		electortest.Eventually(t, 3*ttl, "a new leader", func() bool {
+			_, ok := s.history.Find(func(e electortest.Event) bool { return e.Elected && e.Term > 1 })
+			return ok
+		})
 		t.Logf("a demoted %v after the row was locked (TTL %v)", demotedAfter, ttl)
 		if demotedAfter >= ttl {
 			t.Errorf("a demoted %v after its last possible renewal; its lease could have run out", demotedAfter)
