@@ -40,7 +40,6 @@ type wakeups struct {
 	closed   bool
 	stop     context.CancelFunc // stops the listener; nil until the first Watch
 	stopped  chan struct{}      // closed when the listener has returned
-	pooled   error              // non-nil once the listener found a pooled session
 
 	// pingEvery is listenPingEvery; tests shorten it.
 	pingEvery time.Duration
@@ -177,9 +176,6 @@ func (w *wakeups) listen(ctx context.Context, stopped chan<- struct{}) {
 			return
 		}
 		if errors.Is(err, ErrPooledSession) {
-			w.mu.Lock()
-			w.pooled = err
-			w.mu.Unlock()
 			w.log.Warn("store wake-ups are off: LISTEN does not work through a transaction-pooling proxy; followers will try at the lease's expiry instead",
 				slog.Any("error", err))
 			return
