@@ -43,11 +43,7 @@ const (
 	// in one scenario, in CI mode and in each round of soak mode.
 	ciTrials   = 2
 	soakTrials = 10
-	// envSoak names the environment variable that turns soak mode on.
-	envSoak = "LEADER_SOAK"
 )
-
-var strategies = []string{"lease", "advisory"}
 
 // toxic is one toxiproxy toxic, in the JSON form ToxicCollection.AddToxicJson
 // reads.
@@ -103,105 +99,20 @@ var networkFaults = []networkFault{
 	},
 }
 
-// result is what one scenario, or a tally of them, found.
-type result struct {
-	trials, overlaps, termRegressions int
-	takeovers                         []time.Duration
-}
-
-func (r *result) add(o result) {
-	r.trials += o.trials
-	r.overlaps += o.overlaps
-	r.termRegressions += o.termRegressions
-	r.takeovers = append(r.takeovers, o.takeovers...)
-}
-
-// tally adds up results per fault and strategy.
-type tally struct {
-	mu      sync.Mutex
-	results map[[2]string]*result
-}
-
-func (ta *tally) add(fault, strategy string, r result) {
-	ta.mu.Lock()
-	defer ta.mu.Unlock()
-	key := [2]string{fault, strategy}
-	if ta.results[key] == nil {
-		ta.results[key] = &result{}
-	}
-	ta.results[key].add(r)
-}
-
-// markdown returns the tally as a markdown table, in the order of
-// networkFaults and strategies.
-func (ta *tally) markdown() string {
-	ta.mu.Lock()
-	defer ta.mu.Unlock()
-	var b strings.Builder
-	b.WriteString("| fault | strategy | trials | overlaps | term regressions | takeover p50 | takeover p99 | takeover max |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|\n")
-	for _, f := range networkFaults {
-		for _, s := range strategies {
-			if r := ta.results[[2]string{f.name, s}]; r != nil {
-				b.WriteString(row(f.name, s, *r) + "\n")
-			}
-		}
-	}
-	return b.String()
-}
-
-func row(fault, strategy string, r result) string {
-	sum := history.Summarize(r.takeovers)
-	round := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
-	return fmt.Sprintf("| %s | %s | %d | %d | %d | %v | %v | %v |",
-		fault, strategy, r.trials, r.overlaps, r.termRegressions, round(sum.P50), round(sum.P99), round(sum.Max))
-}
-
-// soakDuration returns how long soak mode should run, or 0 in CI mode.
-func soakDuration(t *testing.T) time.Duration {
-	v := os.Getenv(envSoak)
-	if v == "" {
-		return 0
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		t.Fatalf("%s=%q: want a positive Go duration such as 30m", envSoak, v)
-	}
-	return d
-}
-
 // Every network fault on every strategy, a few times each in CI mode, for
 // as long as LEADER_SOAK says in soak mode. See the package documentation.
 func TestNetworkFaults(t *testing.T) {
-	soak := soakDuration(t)
-	trials := ciTrials
-	if soak > 0 {
-		trials = soakTrials
-	}
-	total := &tally{results: map[[2]string]*result{}}
-	deadline := time.Now().Add(soak)
-	for round := 1; ; round++ {
-		t.Run(fmt.Sprint("round ", round), func(t *testing.T) {
-			for _, f := range networkFaults {
-				for _, strategy := range strategies {
-					t.Run(fmt.Sprintf("the %s store keeps one leader when the leader's connections suffer a %s", strategy, f.name), func(t *testing.T) {
-						t.Parallel()
-						r := runScenario(t, f, strategy, trials)
-						total.add(f.name, strategy, r)
-						t.Log(row(f.name, strategy, r))
-					})
-				}
+	t.Parallel()
+	rounds(t, ciTrials, soakTrials, func(t *testing.T, trials int) {
+		for _, f := range networkFaults {
+			for _, strategy := range strategies {
+				t.Run(fmt.Sprintf("the %s store keeps one leader when the leader's connections suffer a %s", strategy, f.name), func(t *testing.T) {
+					t.Parallel()
+					record(t, f.name, strategy, runScenario(t, f, strategy, trials))
+				})
 			}
-		})
-		if soak == 0 || t.Failed() || time.Now().After(deadline) {
-			break
 		}
-	}
-	table := total.markdown()
-	t.Logf("network faults:\n%s", table)
-	if soak > 0 {
-		fmt.Printf("\nNetwork faults, soak of %v:\n\n%s\n", soak, table)
-	}
+	})
 }
 
 // candidate is one Elector of a scenario, with the proxy in front of its
@@ -321,19 +232,31 @@ func (s *scenario) check(t *testing.T, dir string, faultedTerms []uint64) result
 	if ok, _ := fenced.CheckLinearizable(ops); !ok {
 		t.Errorf("the fenced register's history of %d operations is not linearizable", len(ops))
 	}
-	for _, op := range staleAccepted(ops) {
+	stale := staleAccepted(ops)
+	for _, op := range stale {
 		t.Errorf("a stale write was accepted: %v", op)
 	}
-	var accepted, refused int
+	accepted, refused := countWrites(ops)
+	r.staleRefused, r.staleAccepted = refused, len(stale)
+	t.Logf("takeovers %v; fenced register: %d writes accepted, %d refused", history.Summarize(r.takeovers), accepted, refused)
+	return r
+}
+
+// countWrites counts the writes in ops that were accepted and those that
+// were refused (a write is refused only when a greater term had been
+// accepted: every refusal is of a stale write). Writes whose outcome is
+// unknown are in neither.
+func countWrites(ops []fenced.Op) (accepted, refused int) {
 	for _, op := range ops {
-		if op.Kind == fenced.Write && op.Accepted {
+		switch {
+		case op.Kind != fenced.Write || op.Unknown:
+		case op.Accepted:
 			accepted++
-		} else if op.Kind == fenced.Write {
+		default:
 			refused++
 		}
 	}
-	t.Logf("takeovers %v; fenced register: %d writes accepted, %d refused", history.Summarize(r.takeovers), accepted, refused)
-	return r
+	return accepted, refused
 }
 
 // staleAccepted returns the accepted writes whose term is smaller than that

@@ -1,0 +1,126 @@
+package faults_test
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leaderelect/leader/internal/history"
+	"github.com/leaderelect/leader/internal/pgtest"
+)
+
+// envSoak names the environment variable that turns soak mode on.
+const envSoak = "LEADER_SOAK"
+
+// strategies are the PostgreSQL strategies every fault runs on.
+var strategies = []string{"lease", "advisory"}
+
+// soak is how long soak mode runs (LEADER_SOAK), or 0 in CI mode; set by
+// TestMain.
+var soak time.Duration
+
+// suite adds up the results of every scenario of every test, for the table
+// TestMain prints in soak mode.
+var suite = &tally{results: map[[2]string]*result{}}
+
+func TestMain(m *testing.M) {
+	if v := os.Getenv(envSoak); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			fmt.Fprintf(os.Stderr, "%s=%q: want a positive Go duration such as 30m\n", envSoak, v)
+			os.Exit(2)
+		}
+		soak = d
+	}
+	start := time.Now()
+	code := pgtest.Run(m)
+	if soak > 0 {
+		fmt.Printf("\nFaults, soak of %v (ran %v):\n\n%s\n", soak, time.Since(start).Round(time.Second), suite.markdown())
+	}
+	os.Exit(code)
+}
+
+// result is what one scenario, or a tally of them, found.
+type result struct {
+	trials, overlaps, termRegressions int
+	// staleRefused and staleAccepted count the writes to the fenced
+	// register made with a deposed leader's term after its successor had
+	// written: refused (as they must be) and accepted (a failure).
+	staleRefused, staleAccepted int
+	takeovers                   []time.Duration
+}
+
+func (r *result) add(o result) {
+	r.trials += o.trials
+	r.overlaps += o.overlaps
+	r.termRegressions += o.termRegressions
+	r.staleRefused += o.staleRefused
+	r.staleAccepted += o.staleAccepted
+	r.takeovers = append(r.takeovers, o.takeovers...)
+}
+
+// tally adds up results per fault and strategy, keeping the order in which
+// each pair was first added.
+type tally struct {
+	mu      sync.Mutex
+	order   [][2]string
+	results map[[2]string]*result
+}
+
+func (ta *tally) add(fault, strategy string, r result) {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	key := [2]string{fault, strategy}
+	if ta.results[key] == nil {
+		ta.results[key] = &result{}
+		ta.order = append(ta.order, key)
+	}
+	ta.results[key].add(r)
+}
+
+// markdown returns the tally as a markdown table.
+func (ta *tally) markdown() string {
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	var b strings.Builder
+	b.WriteString("| fault | strategy | trials | overlaps | term regressions | stale writes refused | stale writes accepted | takeover p50 | takeover p99 | takeover max |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, key := range ta.order {
+		b.WriteString(row(key[0], key[1], *ta.results[key]) + "\n")
+	}
+	return b.String()
+}
+
+func row(fault, strategy string, r result) string {
+	sum := history.Summarize(r.takeovers)
+	round := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	return fmt.Sprintf("| %s | %s | %d | %d | %d | %d | %d | %v | %v | %v |",
+		fault, strategy, r.trials, r.overlaps, r.termRegressions, r.staleRefused, r.staleAccepted,
+		round(sum.P50), round(sum.P99), round(sum.Max))
+}
+
+// rounds runs round(t, trials) once in CI mode, and over and over until
+// the soak ends in soak mode, each time as a subtest; trials is ciTrials
+// or soakTrials. It stops early once a round fails.
+func rounds(t *testing.T, ciTrials, soakTrials int, round func(t *testing.T, trials int)) {
+	trials := ciTrials
+	if soak > 0 {
+		trials = soakTrials
+	}
+	deadline := time.Now().Add(soak)
+	for n := 1; ; n++ {
+		t.Run(fmt.Sprint("round ", n), func(t *testing.T) { round(t, trials) })
+		if soak == 0 || t.Failed() || time.Now().After(deadline) {
+			return
+		}
+	}
+}
+
+// record adds r to the suite's tally and logs its row.
+func record(t *testing.T, fault, strategy string, r result) {
+	suite.add(fault, strategy, r)
+	t.Log(row(fault, strategy, r))
+}
