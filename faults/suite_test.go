@@ -1,8 +1,11 @@
 package faults_test
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -62,11 +65,9 @@ func (r *result) add(o result) {
 	r.takeovers = append(r.takeovers, o.takeovers...)
 }
 
-// tally adds up results per fault and strategy, keeping the order in which
-// each pair was first added.
+// tally adds up results per fault and strategy.
 type tally struct {
 	mu      sync.Mutex
-	order   [][2]string
 	results map[[2]string]*result
 }
 
@@ -76,19 +77,22 @@ func (ta *tally) add(fault, strategy string, r result) {
 	key := [2]string{fault, strategy}
 	if ta.results[key] == nil {
 		ta.results[key] = &result{}
-		ta.order = append(ta.order, key)
 	}
 	ta.results[key].add(r)
 }
 
-// markdown returns the tally as a markdown table.
+// markdown returns the tally as a markdown table, sorted by fault and
+// strategy.
 func (ta *tally) markdown() string {
 	ta.mu.Lock()
 	defer ta.mu.Unlock()
 	var b strings.Builder
 	b.WriteString("| fault | strategy | trials | overlaps | term regressions | stale writes refused | stale writes accepted | takeover p50 | takeover p99 | takeover max |\n")
 	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, key := range ta.order {
+	keys := slices.SortedFunc(maps.Keys(ta.results), func(a, b [2]string) int {
+		return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]))
+	})
+	for _, key := range keys {
 		b.WriteString(row(key[0], key[1], *ta.results[key]) + "\n")
 	}
 	return b.String()
