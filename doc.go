@@ -42,7 +42,10 @@
 // the interval in which the store holds the lease for it, and the store never
 // grants a held lease to another: no two instances believe they lead at once.
 // Wall-clock jumps on a client change nothing, since only monotonic
-// durations and the store's clock are used.
+// durations and the store's clock are used for decisions; the wall clock is
+// read only for what is shown (such as Status.LastContact). The fault suite
+// (directory faults) steps the client's wall clock an hour forward and back
+// under a running leader to check it.
 //
 // If renewals fail, the leader gives up at StopGrace before its deadline: it
 // cancels the leader context and calls OnDemoted, which has StopGrace to stop
@@ -63,11 +66,17 @@
 //     StopGrace after it. Work that ignores the context can outlive the lease;
 //     fence its writes with the term. The Elector logs when OnDemoted or
 //     OnElected returns after the local deadline.
-//   - A process that is paused (SIGSTOP, a debugger, a VM pause) stops its
-//     timers with it, so its leader context is cancelled only when it
-//     resumes, possibly after the lease has passed to another. Only work
-//     that checks the context, or a supervisor outside the process (the
-//     leader command has one), ends in time.
+//   - A process that is paused (SIGSTOP, a debugger, a VM pause, a long
+//     stall) stops its timers with it, so its leader context is cancelled
+//     only when it resumes, possibly after the lease has passed to another.
+//     From the moment the successor is elected until the paused process
+//     resumes and notices, two instances believe they lead: no elector can
+//     prevent this, since a paused process cannot act. A write the paused
+//     leader had in flight lands after it resumes; only fencing stops it:
+//     guard writes with the term (see Fencing), and the resource refuses
+//     them. The fault suite pauses real leader processes past the TTL and
+//     checks that their resumed writes are refused. A supervisor outside
+//     the process (the leader command has one) can also stop the work.
 //   - A store call whose context ends may still take effect on the store
 //     (a statement that commits after its client gave up). A campaign
 //     attempt is therefore not cut short by Run's end, and a grant that

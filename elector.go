@@ -10,6 +10,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/leaderelect/leader/internal/wallclock"
 )
 
 // Errors returned by the Elector.
@@ -617,7 +619,7 @@ func (e *Elector) recordCall(op string, start time.Time, err error) {
 	e.cfg.Metrics.StoreCall(e.cfg.Name, op, time.Since(start), err)
 	if err == nil {
 		e.mu.Lock()
-		e.status.LastContact = time.Now()
+		e.status.LastContact = wallclock.Now()
 		e.mu.Unlock()
 	}
 }

@@ -124,6 +124,7 @@ import (
 	"time"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/wallclock"
 )
 
 // ErrClosed is returned (wrapped) by every method of a Store after Close. From
@@ -576,7 +577,7 @@ func (s *Store) load(e *entry) (state, reading, error) {
 	if err != nil {
 		return state{}, reading{}, err
 	}
-	now := reading{clock: clock, wall: time.Now().Round(0)}
+	now := reading{clock: clock, wall: wallclock.Now()}
 	if e.leader != nil && e.leaderToken != st.Token {
 		if err := e.dropLeader(); err != nil {
 			return state{}, reading{}, err

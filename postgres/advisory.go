@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/wallclock"
 )
 
 // AdvisoryStore is a leader.Store on PostgreSQL session advisory locks: the
@@ -416,7 +417,7 @@ func (r grantResult) lease(name, holderID string, ttl time.Duration) leader.Leas
 	}
 	if r.held && r.remaining > 0 && r.curHolder != nil && r.curAcquiredAt != nil {
 		l.HolderID, l.AcquiredAt, l.Remaining = *r.curHolder, *r.curAcquiredAt, r.remaining
-		l.ExpiresAt = time.Now().Add(r.remaining) // for display; decisions use Remaining
+		l.ExpiresAt = wallclock.Now().Add(r.remaining) // for display; decisions use Remaining
 	}
 	return l
 }
@@ -500,7 +501,7 @@ func (s *AdvisoryStore) Renew(ctx context.Context, name, token string, term uint
 	switch {
 	case err == nil:
 		return leader.Lease{Name: name, HolderID: ss.id(), Term: term, AcquiredAt: acquiredAt,
-			ExpiresAt: time.Now().Add(ttl), Remaining: ttl}, nil
+			ExpiresAt: wallclock.Now().Add(ttl), Remaining: ttl}, nil
 	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
 		return leader.Lease{}, fmt.Errorf("%w: %w", lost, err)
 	case errors.Is(err, errSessionDropped):
@@ -576,7 +577,7 @@ func (s *AdvisoryStore) Observe(ctx context.Context, name string) (leader.Lease,
 	l := leader.Lease{Name: name, Term: uint64(term)}
 	if held && remaining > 0 && acquiredAt != nil {
 		l.HolderID, l.AcquiredAt, l.Remaining = holderID, *acquiredAt, remaining
-		l.ExpiresAt = time.Now().Add(remaining)
+		l.ExpiresAt = wallclock.Now().Add(remaining)
 	}
 	return l, nil
 }

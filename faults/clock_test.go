@@ -1,0 +1,271 @@
+package faults_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
+	"github.com/leaderelect/leader/internal/fenced"
+	"github.com/leaderelect/leader/internal/history"
+	"github.com/leaderelect/leader/internal/pgtest"
+	"github.com/leaderelect/leader/internal/wallclock"
+	"github.com/leaderelect/leader/postgres"
+)
+
+// clockFault is the name of the wall-clock fault in the table.
+const clockFault = "wall clock ±1h"
+
+// clockHold is how long the clock stays at each step: longer than the TTL,
+// so that a lease or deadline judged on the wall clock would have run out.
+const clockHold = ttl + ttl/2
+
+// The client's wall clock jumps an hour forward, then two hours back, then
+// forward again to where it was, while an Elector leads: it must keep
+// leading under the same term through every step (no spurious loss, no
+// second leader), and then hand over as usual. Wall time is read through
+// internal/wallclock, which the test steps; Status.LastContact, read on it,
+// shows that the steps reach the Elector.
+func TestWallClockJumps(t *testing.T) {
+	t.Parallel()
+	rounds(t, 1, 4, func(t *testing.T, trials int) {
+		for _, strategy := range strategies {
+			t.Run(fmt.Sprintf("the %s store keeps its leader when the wall clock jumps an hour either way", strategy), func(t *testing.T) {
+				// Not in parallel: the clock is the process's, and the
+				// checks of LastContact assume one stepper at a time.
+				record(t, clockFault, strategy, runClockScenario(t, strategy, trials))
+			})
+		}
+	})
+}
+
+// clockScenario is three Electors of one name on direct connections, whose
+// leaders write their term to a fenced register.
+type clockScenario struct {
+	cands    []*clockCandidate
+	reg      *fenced.Register
+	workPool *pgxpool.Pool
+	mu       sync.Mutex
+	written  map[uint64]int // accepted writes per term
+}
+
+type clockCandidate struct {
+	id   string
+	e    *leader.Elector
+	rec  *history.Recorder
+	stop func()
+}
+
+func runClockScenario(t *testing.T, strategy string, trials int) result {
+	connString := pgtest.NewDatabase(t)
+	s := &clockScenario{workPool: pgtest.OpenPool(t, connString), written: map[uint64]int{}}
+	ctx := callCtx(t)
+	if err := postgres.Migrate(ctx, s.workPool, postgres.Options{}); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	var err error
+	if s.reg, err = fenced.Setup(ctx, s.workPool, "fenced"); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for i := range candidates {
+		s.cands = append(s.cands, s.start(t, dir, strategy, connString, fmt.Sprint("c", i)))
+	}
+
+	var faultedTerms []uint64
+	cur, term := s.nextLeader(t, 0)
+	for trial := range trials {
+		for _, step := range []time.Duration{time.Hour, -2 * time.Hour, time.Hour} {
+			before := wallclock.Now()
+			wallclock.Step(step)
+			s.holds(t, cur, term, step, before)
+		}
+		// Then a handover.
+		faultedTerms = append(faultedTerms, term)
+		if err := cur.e.Resign(callCtx(t)); err != nil {
+			t.Fatalf("trial %d: %s: Resign: %v", trial, cur.id, err)
+		}
+		next, nextTerm := s.nextLeader(t, term)
+		accepted, err := s.reg.Write(callCtx(t), s.workPool, resource, term, cur.id+"-late", "late")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if accepted {
+			t.Errorf("trial %d: a write with the deposed leader's term %d was accepted after term %d had written", trial, term, nextTerm)
+		}
+		cur, term = next, nextTerm
+	}
+
+	var wg sync.WaitGroup
+	for _, c := range s.cands {
+		wg.Go(c.stop)
+	}
+	wg.Wait()
+	for _, c := range s.cands {
+		if err := c.rec.Close(); err != nil {
+			t.Fatalf("%s: %v", c.id, err)
+		}
+	}
+
+	evs, err := history.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := history.Check(evs, history.Bounds{MaxTakeover: 3 * ttl})
+	if !rep.OK() {
+		t.Errorf("the history of beliefs fails:\n%v", rep)
+	}
+	r := result{trials: trials, overlaps: len(rep.Overlaps), termRegressions: len(rep.TermRegressions)}
+	for _, tk := range rep.Takeovers {
+		for _, ft := range faultedTerms {
+			if tk.From.Term == ft {
+				r.takeovers = append(r.takeovers, tk.Gap)
+			}
+		}
+	}
+	ops := s.reg.History()
+	if ok, _ := fenced.CheckLinearizable(ops); !ok {
+		t.Errorf("the fenced register's history of %d operations is not linearizable", len(ops))
+	}
+	stale := staleAccepted(ops)
+	for _, op := range stale {
+		t.Errorf("a stale write was accepted: %v", op)
+	}
+	_, refused := countWrites(ops)
+	r.staleRefused, r.staleAccepted = refused, len(stale)
+	return r
+}
+
+// holds checks that c keeps leading under term, alone, for clockHold after
+// the wall clock was stepped by step from before, and that c's
+// Status.LastContact follows the step.
+func (s *clockScenario) holds(t *testing.T, c *clockCandidate, term uint64, step time.Duration, before time.Time) {
+	t.Helper()
+	end := time.Now().Add(clockHold)
+	for time.Now().Before(end) {
+		for _, o := range s.cands {
+			st := o.e.Status()
+			switch {
+			case o == c && (!st.IsLeader || st.Term != term):
+				t.Fatalf("%s stopped leading term %d (status: leader %v, term %d) within %v of the wall clock stepping %v",
+					c.id, term, st.IsLeader, st.Term, clockHold, step)
+			case o != c && st.IsLeader:
+				t.Fatalf("%s leads (term %d) while %s leads term %d, after the wall clock stepped %v", o.id, st.Term, c.id, term, step)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Renewals happened after the step, so the last contact is read on the
+	// stepped clock: it moved by about step.
+	got := c.e.Status().LastContact.Sub(before)
+	if lo, hi := step-time.Minute, step+time.Minute+clockHold; got < lo || got > hi {
+		t.Errorf("%s: after a step of %v, LastContact is %v from the reading before the step; want it moved by the step", c.id, step, got)
+	}
+}
+
+// start starts an Elector for id on a store of the strategy of its own.
+func (s *clockScenario) start(t *testing.T, dir, strategy, connString, id string) *clockCandidate {
+	t.Helper()
+	c := &clockCandidate{id: id}
+	store := newStore(t, strategy, pgtest.OpenPool(t, connString))
+	var err error
+	if c.rec, err = history.Create(dir, election); err != nil {
+		t.Fatal(err)
+	}
+	onElected, onDemoted := c.rec.Hooks(id)
+	c.e, err = leader.New(c.rec.Store(store, id), leader.Config{
+		Name:   election,
+		ID:     id,
+		TTL:    ttl,
+		Logger: testLogger(id),
+		OnElected: func(ctx context.Context) {
+			onElected(ctx)
+			s.work(t, ctx, id)
+		},
+		OnDemoted: onDemoted,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.stop = electortest.Run(t, c.e)
+	return c
+}
+
+// work writes the leader's term to the register every writeEvery until
+// leadership ends.
+func (s *clockScenario) work(t *testing.T, ctx context.Context, id string) {
+	term, _ := leader.TermFrom(ctx)
+	tick := time.NewTicker(writeEvery)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		accepted, err := s.reg.Write(wctx, s.workPool, resource, term, id, fmt.Sprintf("%s/%d/%d", id, term, i))
+		cancel()
+		switch {
+		case err != nil:
+			t.Errorf("%s: %v", id, err)
+			return
+		case accepted:
+			s.mu.Lock()
+			s.written[term]++
+			s.mu.Unlock()
+		case ctx.Err() == nil:
+			t.Errorf("%s: write with term %d refused while it believes it leads", id, term)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// nextLeader waits for a leader with a term above after that has written.
+func (s *clockScenario) nextLeader(t *testing.T, after uint64) (*clockCandidate, uint64) {
+	t.Helper()
+	var cur *clockCandidate
+	var term uint64
+	electortest.Eventually(t, 4*ttl, fmt.Sprintf("a leader with a term above %d that has written", after), func() bool {
+		for _, c := range s.cands {
+			if st := c.e.Status(); st.IsLeader && st.Term > after {
+				s.mu.Lock()
+				n := s.written[st.Term]
+				s.mu.Unlock()
+				if n >= 3 {
+					cur, term = c, st.Term
+					return true
+				}
+			}
+		}
+		return false
+	})
+	return cur, term
+}
+
+// newStore returns a store of the strategy on pool, closed when t ends.
+func newStore(t *testing.T, strategy string, pool *pgxpool.Pool) leader.Store {
+	t.Helper()
+	switch strategy {
+	case "lease":
+		ls, err := postgres.NewLeaseStore(pool, postgres.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ls.Close)
+		return ls
+	case "advisory":
+		as, err := postgres.NewAdvisoryStore(callCtx(t), pool, postgres.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(as.Close)
+		return as
+	}
+	t.Fatalf("unknown strategy %q", strategy)
+	return nil
+}
