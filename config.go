@@ -59,7 +59,11 @@ type Config struct {
 	// RenewInterval is how often the leader renews; a failed renewal is
 	// retried after RenewInterval/4. Default TTL/3; more than 0 and at most
 	// TTL/3, so that at least two renewals are tried before the lease could
-	// run out.
+	// run out. Renewals fall on a grid of period RenewInterval shared by
+	// the process (so at most RenewInterval apart, the first one sometimes
+	// sooner): Electors with the same RenewInterval renew at the same
+	// moments, and a store can renew all their leases with one request (the
+	// PostgreSQL lease store sends one statement per round).
 	RenewInterval time.Duration
 
 	// RetryInterval is how long a follower waits before its next attempt

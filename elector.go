@@ -446,7 +446,7 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 	// cancels any in flight.
 	rpcs, cancelRPCs := context.WithCancel(ctx)
 	defer cancelRPCs()
-	next := sent.Add(e.cfg.RenewInterval)
+	next := nextRenewal(sent, e.cfg.RenewInterval)
 	timer := time.NewTimer(time.Until(next))
 	defer timer.Stop()
 	// stop ends leadership at once, then lets the loop log why.
@@ -515,7 +515,7 @@ loop:
 				deadline = r.sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
 				stopAt = deadline.Add(-e.cfg.StopGrace)
 				stopTimer.Reset(time.Until(stopAt))
-				next = r.sent.Add(e.cfg.RenewInterval)
+				next = nextRenewal(r.sent, e.cfg.RenewInterval)
 				e.mu.Lock()
 				e.status.ExpiresAt = r.lease.ExpiresAt
 				e.status.StopAt = stopAt
@@ -582,6 +582,22 @@ loop:
 		}
 	}
 	return reason
+}
+
+// renewEpoch anchors the grid of renewal times that every Elector of the
+// process shares (see nextRenewal).
+var renewEpoch = time.Now()
+
+// nextRenewal returns when to renew a lease last granted or renewed by a
+// request sent at sent: the last point not after sent+every of a grid of
+// period every shared by the whole process. It is after sent and at most
+// every later, so a lease is renewed at least as often as it would be
+// every interval from sent; and Electors with the same RenewInterval renew
+// at the same moments from their second renewal on, so that a store can
+// renew them all with one request (the PostgreSQL lease store does).
+func nextRenewal(sent time.Time, every time.Duration) time.Time {
+	due := sent.Add(every)
+	return due.Add(-(due.Sub(renewEpoch) % every))
 }
 
 // awaitElected waits for the OnElected goroutine, warning while it overruns.

@@ -624,11 +624,15 @@ func TestSafety(t *testing.T) {
 
 	t.Run("the local deadline counts from when the acquire was sent", func(t *testing.T) {
 		t.Parallel()
-		// The store grants at once but the answer arrives 300ms late; then
-		// every renewal fails. If the deadline counted from the answer, the
-		// leader would believe it leads after the store's lease ran out.
+		// The store grants at once but the answer arrives 300ms late; and
+		// every renewal fails (from the first, which may come at once: see
+		// Config.RenewInterval). If the deadline counted from the answer,
+		// the leader would believe it leads after the store's lease ran out.
 		store := newFaultStore(leadertest.NewMemStore())
-		store.set(func(f *faultStore) { f.acquireDelay = 300 * time.Millisecond })
+		store.set(func(f *faultStore) {
+			f.acquireDelay = 300 * time.Millisecond
+			f.renewErr = leader.ErrUnavailable
+		})
 		var demotedAt atomic.Int64
 		cfg := testConfig("sent", "a")
 		cfg.OnDemoted = func() { demotedAt.Store(time.Now().UnixNano()) }

@@ -39,6 +39,21 @@ func holderSettings(ms, idle, interval string) string {
 		set_config('tcp_keepalives_count', '3', false)`
 }
 
+// durableCommit is the SQL expression, evaluated in a statement that
+// grants or renews, that makes its transaction's commit wait until its WAL
+// is written out (and flushed, unless fsync is off) when the session's
+// synchronous_commit is off: 'local' for this transaction only, any other
+// setting kept. A commit made with synchronous_commit off is acknowledged
+// before its WAL leaves the server's memory, and a server crash (an
+// immediate shutdown, a killed postmaster or backend, a lost host) loses
+// it: a lost grant would give its term again to the next leader, and a
+// lost renewal would end a lease before its holder's local deadline
+// (DESIGN.md invariants 2 and 1). It must sit in a CTE that the statement
+// reads: PostgreSQL does not run a CTE without data-modifying statements
+// that nothing reads.
+const durableCommit = `set_config('synchronous_commit', CASE current_setting('synchronous_commit')
+		WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true)`
+
 // followerSettings disarms holderSettings after a release: a follower's
 // session may sit idle for longer than a TTL between attempts.
 const followerSettings = `set_config('idle_session_timeout', '0', false),
@@ -87,7 +102,8 @@ func newAdvisoryStatements(table string) advisoryStatements {
 		// same statement, so the term grows at every grant and a grant
 		// without a term cannot happen; it takes the row over whatever it
 		// says, since holding the lock proves its holder is gone. The
-		// holder's settings and the wake-up follow a grant. "cur" is the
+		// holder's settings, the wake-up and a durable commit
+		// (durableCommit) follow a grant. "cur" is the
 		// lease as it stood when the statement began, for a refused
 		// candidate; "previous" says whether the last holder left without
 		// a release (see Options.TakeoverGrace).
@@ -111,11 +127,13 @@ WITH lk AS MATERIALIZED (
 	SELECT ` + holderSettings("$6", "$7", "$8") + ` FROM granted
 ), notified AS (
 	SELECT pg_notify($9, {payload}) FROM granted
+), durable AS (
+	SELECT ` + durableCommit + ` FROM granted
 ), cur AS (
 	` + observeRow("{t}", "$1", "$10", "$11") + `
 )
 SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
-	(SELECT count(*) FROM armed) + (SELECT count(*) FROM notified),
+	(SELECT count(*) FROM armed) + (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
 	coalesce(c.locked, EXISTS (` + heldBy("$10", "$11") + `)),
 	coalesce((SELECT unreleased FROM previous), false)
@@ -126,7 +144,8 @@ LEFT JOIN cur AS c ON true`),
 		// Re-grant to the holder, on its session: $1 name, $2 token, $3
 		// candidate ID, $4 ttl, $5 ttl in ms, $6 keepalive idle, $7
 		// keepalive interval, $8 channel, $9 and $10 the key's halves. Only
-		// while this backend still holds the lock and the row.
+		// while this backend still holds the lock and the row; committed
+		// durably, as a grant.
 		regrant: fill(`
 WITH granted AS (
 	UPDATE {t} AS a
@@ -138,8 +157,10 @@ WITH granted AS (
 	SELECT ` + holderSettings("$5", "$6", "$7") + ` FROM granted
 ), notified AS (
 	SELECT pg_notify($8, {payload}) FROM granted
+), durable AS (
+	SELECT ` + durableCommit + ` FROM granted
 )
-SELECT g.term, g.acquired_at, (SELECT count(*) FROM armed) + (SELECT count(*) FROM notified)
+SELECT g.term, g.acquired_at, (SELECT count(*) FROM armed) + (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable)
 FROM granted AS g`),
 
 		// Renew, the heartbeat, on the holder's session: $1 name, $2 token,

@@ -123,7 +123,7 @@ func FuzzOptions(f *testing.F) {
 				t.Fatalf("statement %d differs from the default's beyond the quoted names:\n%s\nwant:\n%s", i, gotStmts[i], w)
 			}
 		}
-		if s := store.sql; s.acquire != gotStmts[0] || s.renew != gotStmts[1] || s.release != gotStmts[2] || s.observe != gotStmts[3] {
+		if s := store.sql; s.acquire != gotStmts[0] || s.renewBatch != gotStmts[1] || s.release != gotStmts[2] || s.observe != gotStmts[3] {
 			t.Errorf("NewLeaseStore's statements are not built from the quoted table")
 		}
 		if r := router.sql; r.notifyDurable != gotStmts[4] || r.fetch != gotStmts[5] || r.remove != gotStmts[6] || r.failed != gotStmts[7] {
@@ -164,7 +164,7 @@ func sqlOf(o Options) []string {
 	if err != nil {
 		script = "error: " + err.Error()
 	}
-	return []string{s.acquire, s.renew, s.release, s.observe, r.notifyDurable, r.fetch, r.remove, r.failed,
+	return []string{s.acquire, s.renewBatch, s.release, s.observe, r.notifyDurable, r.fetch, r.remove, r.failed,
 		a.grant, a.regrant, a.renew, a.release, a.observe, a.held, script}
 }
 

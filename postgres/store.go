@@ -358,6 +358,7 @@ type LeaseStore struct {
 	opts Options
 	sql  statements
 	wakeups
+	renewals *renewBatcher
 }
 
 var _ leader.Store = (*LeaseStore)(nil)
@@ -373,12 +374,14 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	return &LeaseStore{
+	s := &LeaseStore{
 		pool:    pool,
 		opts:    opts,
 		sql:     newStatements(opts.qualifiedTable()),
 		wakeups: newWakeups(pool.Config().ConnConfig, opts, "the lease store's wake-ups"),
-	}, nil
+	}
+	s.renewals = newRenewBatcher(s)
+	return s, nil
 }
 
 // Options returns the store's options with their defaults filled in.
@@ -386,7 +389,7 @@ func (s *LeaseStore) Options() Options { return s.opts }
 
 // statements are the store's SQL, with the table name filled in.
 type statements struct {
-	acquire, renew, release, observe string
+	acquire, renewBatch, release, observe string
 }
 
 // held is the SQL condition for a row of l that has a holder at c.now.
@@ -402,7 +405,8 @@ func newStatements(table string) statements {
 		// "granted" inserts the row or takes it over where it is free,
 		// expired or held by the same token; ON CONFLICT locks the row
 		// and judges it as it stands after any concurrent transaction
-		// committed. "notified" sends the wake-up for a grant. When nothing
+		// committed. "notified" sends the wake-up for a grant, and
+		// "durable" makes its commit durable (durableCommit). When nothing
 		// was granted, "existing" reports the row, locked FOR UPDATE so that
 		// it too is the row as it stands and not as it was when the
 		// statement began. ("existing" is read only in that case: the
@@ -423,6 +427,8 @@ WITH granted AS (
 	RETURNING l.name, l.term, l.holder_id, l.acquired_at, l.expires_at
 ), notified AS (
 	SELECT pg_notify($5, %[2]s) FROM granted
+), durable AS (
+	SELECT %[4]s FROM granted
 ), existing AS (
 	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, l.expires_at
 	FROM %[1]s AS l
@@ -430,24 +436,30 @@ WITH granted AS (
 	FOR UPDATE
 )
 SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
-	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified)
+	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable)
 FROM granted AS g
 UNION ALL
 SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, l.expires_at,
 	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0
 FROM existing AS l, clock_timestamp() AS c(now)
-WHERE NOT EXISTS (SELECT FROM granted)`, table, payload, held),
+WHERE NOT EXISTS (SELECT FROM granted)`, table, payload, held, durableCommit),
 
-		// Renew: $1 name, $2 token, $3 term, $4 ttl. Only an unexpired
-		// lease held by the token under the term; never inserts.
-		renew: fmt.Sprintf(`
-UPDATE %[1]s AS l
-SET (renewed_at, expires_at) = (
-	SELECT c.now, c.now + $4::interval FROM clock_timestamp() AS c(now)
+		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
+		// microseconds, one element per lease. Renews each unexpired
+		// lease held by its token under its term, on one reading of the
+		// server's clock; never inserts. Returns the leases renewed.
+		// "durable" (one row) makes the commit durable (durableCommit).
+		renewBatch: fmt.Sprintf(`
+WITH durable AS (
+	SELECT %[2]s
 )
-WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
-	AND l.expires_at > clock_timestamp()
-RETURNING l.holder_id, l.acquired_at, l.expires_at, l.expires_at - clock_timestamp()`, table),
+UPDATE %[1]s AS l
+SET (renewed_at, expires_at) = (c.now, c.now + r.ttl_us * interval '1 microsecond')
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS r(name, token, term, ttl_us),
+	clock_timestamp() AS c(now), durable
+WHERE l.name = r.name AND l.holder_token = r.token AND l.term = r.term
+	AND l.expires_at > c.now
+RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_at, l.expires_at - clock_timestamp()`, table, durableCommit),
 
 		// Release: $1 name, $2 token, $3 term, $4 channel. Frees an
 		// unexpired lease held by the token under the term, keeping the
@@ -545,33 +557,25 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 	l := r.lease(name)
 	if granted {
 		l.Remaining = min(l.Remaining, ttl)
+		s.renewals.granted(name, c.Token, r.term, ttl)
 	}
 	return l, granted, nil
 }
 
 // Renew implements leader.Store. It extends the lease by ttl from the
-// server's now, in one statement, only if it is unexpired and held by token
-// under term; otherwise it returns an error wrapping leader.ErrLeaseLost.
+// server's now, only if it is unexpired and held by token under term;
+// otherwise it returns an error wrapping leader.ErrLeaseLost. Renewals that
+// reach the store together are sent as one statement (see renewBatcher), so
+// a process holding many names sends one statement per renew round.
 func (s *LeaseStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
-	const op = "renew"
-	if err := checkTTL(op, name, ttl); err != nil {
+	if err := checkRenew(name, term, ttl); err != nil {
 		return leader.Lease{}, err
 	}
-	if term > math.MaxInt64 {
-		return leader.Lease{}, fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
-	}
-	r := leaseRow{term: int64(term), held: true}
-	err := s.pool.QueryRow(ctx, s.sql.renew, name, token, int64(term), interval(ttl)).
-		Scan(&r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return leader.Lease{}, fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
-	}
-	if err != nil {
-		return leader.Lease{}, wrapError(ctx, call(op, name), err)
-	}
-	l := r.lease(name)
-	l.Remaining = min(l.Remaining, ttl)
-	return l, nil
+	return s.renewals.renew(&renewCall{
+		ctx: ctx, name: name, token: token, term: int64(term),
+		ttlMicros: int64(interval(ttl) / time.Microsecond), ttl: ttl,
+		done: make(chan renewOutcome, 1),
+	})
 }
 
 // Release implements leader.Store. In one statement it frees the lease if it
@@ -582,6 +586,7 @@ func (s *LeaseStore) Release(ctx context.Context, name, token string, term uint6
 	if term > math.MaxInt64 {
 		return fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
 	}
+	s.renewals.ended(name, token, int64(term))
 	var released int64
 	err := s.pool.QueryRow(ctx, s.sql.release, name, token, int64(term), s.opts.Channel).Scan(&released)
 	if err != nil {

@@ -1,0 +1,309 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leaderelect/leader"
+)
+
+// Renewals are batched: the Renew calls that reach a LeaseStore together
+// are sent as one statement, which renews every lease in it on the
+// server's clock. The Electors of a process renew on one grid of times (see
+// leader.Config.RenewInterval), so a process holding many names sends one
+// statement per renew round, whatever the number of names.
+//
+// A batch is sent as soon as every lease the store granted and has not
+// seen end has asked for its renewal, and otherwise once no call has come
+// for batchQuiet, or at most maxBatchLinger after the batch began. A store whose Electors hold one
+// name sends each renewal at once. While a batch is on the wire the next
+// one gathers, so a slow statement delays the next round but never splits
+// it into more statements than rounds.
+const (
+	// batchQuiet is how long a batch that is not yet a whole round waits
+	// for one more call: the calls of a round arrive together, as their
+	// Electors' timers fire at the same moment.
+	batchQuiet = 5 * time.Millisecond
+	// maxBatchLinger bounds how long a batch that is not yet a whole round
+	// waits for the rest of it.
+	maxBatchLinger = 50 * time.Millisecond
+	// maxBatchSize bounds the leases renewed by one statement.
+	maxBatchSize = 50_000
+)
+
+// renewCall is one Renew waiting for its batch.
+type renewCall struct {
+	ctx       context.Context
+	name      string
+	token     string
+	term      int64
+	ttlMicros int64
+	ttl       time.Duration
+	done      chan renewOutcome // buffered: the batcher never blocks on it
+}
+
+// renewOutcome is what the batch found for one renewCall.
+type renewOutcome struct {
+	lease leader.Lease
+	err   error
+}
+
+// heldKey is a lease the store granted: a name under a token and a term.
+type heldKey struct {
+	name, token string
+	term        int64
+}
+
+// holder is a name under a token: at most one lease of it is held at once.
+type holder struct{ name, token string }
+
+// renewBatcher gathers the store's renewals into batches and sends each
+// batch as one statement, on a goroutine that runs only while there are
+// renewals to send.
+type renewBatcher struct {
+	store *LeaseStore
+
+	mu      sync.Mutex
+	pending []*renewCall
+	sending bool                 // the goroutine is running
+	kick    chan struct{}        // a call arrived; capacity 1
+	// held has the leases granted here and not seen to end, with when
+	// each surely expires if not renewed (on this process's clock).
+	held map[holder]heldLease
+}
+
+func newRenewBatcher(s *LeaseStore) *renewBatcher {
+	return &renewBatcher{store: s, kick: make(chan struct{}, 1), held: map[holder]heldLease{}}
+}
+
+// heldLease is an entry of renewBatcher.held.
+type heldLease struct {
+	term    int64
+	expires time.Time // sent+ttl of the last grant or renewal seen, or later
+}
+
+// granted records a lease the store granted, so that rounds know how many
+// renewals to wait for.
+func (b *renewBatcher) granted(name, token string, term int64, ttl time.Duration) {
+	b.mu.Lock()
+	b.held[holder{name, token}] = heldLease{term: term, expires: time.Now().Add(ttl)}
+	b.mu.Unlock()
+}
+
+// ended records that a lease granted here is no longer held (released,
+// lost, or renewed by nobody).
+func (b *renewBatcher) ended(name, token string, term int64) {
+	b.mu.Lock()
+	if h, ok := b.held[holder{name, token}]; ok && h.term == term {
+		delete(b.held, holder{name, token})
+	}
+	b.mu.Unlock()
+}
+
+// renewed records that the leases of batch in renewed were renewed, and
+// forgets the leases that surely expired without a renewal (their Elector
+// stopped without a word), so that rounds stop waiting for them.
+func (b *renewBatcher) renewed(renewed map[heldKey]leaseRow, batch []*renewCall) {
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, c := range batch {
+		k := holder{c.name, c.token}
+		if h, ok := b.held[k]; ok && h.term == c.term {
+			if _, ok := renewed[heldKey{c.name, c.token, c.term}]; ok {
+				b.held[k] = heldLease{term: c.term, expires: now.Add(c.ttl)}
+			}
+		}
+	}
+	if len(batch) < len(b.held) {
+		for k, h := range b.held {
+			if now.After(h.expires) {
+				delete(b.held, k)
+			}
+		}
+	}
+}
+
+// renew queues c for the next batch and waits for its outcome or for ctx
+// to end.
+func (b *renewBatcher) renew(c *renewCall) (leader.Lease, error) {
+	b.mu.Lock()
+	b.pending = append(b.pending, c)
+	if !b.sending {
+		b.sending = true
+		go b.send()
+	}
+	b.mu.Unlock()
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+	select {
+	case o := <-c.done:
+		return o.lease, o.err
+	case <-c.ctx.Done():
+		// The batch may still renew this lease; the caller counts the
+		// renewal as failed, which is the safe reading.
+		return leader.Lease{}, wrapError(c.ctx, call("renew", c.name), c.ctx.Err())
+	}
+}
+
+// send sends batches until none is pending, then exits.
+func (b *renewBatcher) send() {
+	for {
+		batch := b.gather()
+		if batch == nil {
+			return
+		}
+		b.sendBatch(batch)
+	}
+}
+
+// gather waits until the pending calls make up a round (one per lease
+// held), or no call has arrived for batchQuiet, or maxBatchLinger has
+// passed since gathering began; then it takes them, dropping those whose
+// context has ended. It returns nil, with the goroutine marked stopped,
+// when nothing is pending.
+func (b *renewBatcher) gather() []*renewCall {
+	linger := time.NewTimer(maxBatchLinger)
+	defer linger.Stop()
+	quiet := time.NewTimer(batchQuiet)
+	defer quiet.Stop()
+	for {
+		b.mu.Lock()
+		if len(b.pending) == 0 {
+			b.sending = false
+			b.mu.Unlock()
+			return nil
+		}
+		full := len(b.pending) >= len(b.held) || len(b.pending) >= maxBatchSize
+		b.mu.Unlock()
+		if !full {
+			select {
+			case <-b.kick:
+				quiet.Reset(batchQuiet)
+				continue
+			case <-quiet.C:
+			case <-linger.C:
+			}
+		}
+		b.mu.Lock()
+		n := min(len(b.pending), maxBatchSize)
+		batch := make([]*renewCall, 0, n)
+		for _, c := range b.pending[:n] {
+			if c.ctx.Err() == nil {
+				batch = append(batch, c)
+			}
+		}
+		b.pending = append(b.pending[:0:0], b.pending[n:]...)
+		b.mu.Unlock()
+		if len(batch) > 0 {
+			return batch
+		}
+	}
+}
+
+// sendBatch renews the leases of batch in one statement and hands each
+// call its outcome. The statement ends at the earliest deadline of the
+// calls, or when every call has given up.
+func (b *renewBatcher) sendBatch(batch []*renewCall) {
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+
+	names := make([]string, len(batch))
+	tokens := make([]string, len(batch))
+	terms := make([]int64, len(batch))
+	ttls := make([]int64, len(batch))
+	for i, c := range batch {
+		names[i], tokens[i], terms[i], ttls[i] = c.name, c.token, c.term, c.ttlMicros
+	}
+	renewed := make(map[heldKey]leaseRow, len(batch))
+	rows, err := b.store.pool.Query(ctx, b.store.sql.renewBatch, names, tokens, terms, ttls)
+	if err == nil {
+		var (
+			r   leaseRow
+			key heldKey
+		)
+		_, err = pgx.ForEachRow(rows, []any{&key.name, &key.token, &key.term, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining}, func() error {
+			row := r
+			row.term, row.held = key.term, true
+			renewed[key] = row
+			return nil
+		})
+	}
+	if err == nil {
+		b.renewed(renewed, batch)
+	}
+	for _, c := range batch {
+		var o renewOutcome
+		key := heldKey{c.name, c.token, c.term}
+		switch r, ok := renewed[key]; {
+		case err != nil:
+			o.err = wrapError(ctx, call("renew", c.name), err)
+		case !ok:
+			b.ended(c.name, c.token, c.term)
+			o.err = fmt.Errorf("postgres: renew %q term %d: %w", c.name, c.term, leader.ErrLeaseLost)
+		default:
+			o.lease = r.lease(c.name)
+			o.lease.Remaining = min(o.lease.Remaining, c.ttl)
+		}
+		c.done <- o
+	}
+}
+
+// batchContext returns the context of a batch's statement: it ends at the
+// earliest deadline among the calls, and once every call's context has
+// ended.
+func batchContext(batch []*renewCall) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var earliest time.Time
+	for _, c := range batch {
+		if d, ok := c.ctx.Deadline(); ok && (earliest.IsZero() || d.Before(earliest)) {
+			earliest = d
+		}
+	}
+	if !earliest.IsZero() {
+		var cancelDeadline context.CancelFunc
+		ctx, cancelDeadline = context.WithDeadline(ctx, earliest)
+		prev := cancel
+		cancel = func() { cancelDeadline(); prev() }
+	}
+	var (
+		mu      sync.Mutex
+		waiting = len(batch)
+		stops   = make([]func() bool, 0, len(batch))
+	)
+	for _, c := range batch {
+		stops = append(stops, context.AfterFunc(c.ctx, func() {
+			mu.Lock()
+			waiting--
+			all := waiting == 0
+			mu.Unlock()
+			if all {
+				cancel()
+			}
+		}))
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
+
+// checkRenew refuses what no lease can match, before queueing.
+func checkRenew(name string, term uint64, ttl time.Duration) error {
+	if err := checkTTL("renew", name, ttl); err != nil {
+		return err
+	}
+	if term > math.MaxInt64 {
+		return fmt.Errorf("postgres: renew %q term %d: %w", name, term, leader.ErrLeaseLost)
+	}
+	return nil
+}
