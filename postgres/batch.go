@@ -20,21 +20,31 @@ import (
 //
 // A batch is sent as soon as every lease the store granted and has not
 // seen end has asked for its renewal, and otherwise once no call has come
-// for batchQuiet, or at most maxBatchLinger after the batch began. A store whose Electors hold one
-// name sends each renewal at once. While a batch is on the wire the next
+// for a while, or at most a linger after the batch began (batchLinger). A
+// store whose Electors hold one name sends each renewal at once. While a batch is on the wire the next
 // one gathers, so a slow statement delays the next round but never splits
 // it into more statements than rounds.
 const (
-	// batchQuiet is how long a batch that is not yet a whole round waits
-	// for one more call: the calls of a round arrive together, as their
-	// Electors' timers fire at the same moment.
-	batchQuiet = 5 * time.Millisecond
-	// maxBatchLinger bounds how long a batch that is not yet a whole round
-	// waits for the rest of it.
-	maxBatchLinger = 50 * time.Millisecond
+	// minBatchLinger and maxBatchLinger bound how long a batch that is not
+	// yet a whole round waits for the rest of it: TTL/30 (a tenth of the
+	// default renew interval) within these bounds. The calls of a round
+	// arrive together, as their Electors' timers fire at the same moment,
+	// but on a busy machine ten thousand of them take tens of
+	// milliseconds to arrive. Waiting costs no safety: each Elector's
+	// deadline counts from before its call was queued.
+	minBatchLinger = 5 * time.Millisecond
+	maxBatchLinger = 250 * time.Millisecond
 	// maxBatchSize bounds the leases renewed by one statement.
 	maxBatchSize = 50_000
 )
+
+// batchLinger returns how long a batch whose first call asks for ttl waits
+// for the rest of its round, and how long it waits for one more call
+// before it is sent without them (a quarter of that).
+func batchLinger(ttl time.Duration) (linger, quiet time.Duration) {
+	linger = min(max(ttl/30, minBatchLinger), maxBatchLinger)
+	return linger, linger / 4
+}
 
 // renewCall is one Renew waiting for its batch.
 type renewCall struct {
@@ -70,8 +80,8 @@ type renewBatcher struct {
 
 	mu      sync.Mutex
 	pending []*renewCall
-	sending bool                 // the goroutine is running
-	kick    chan struct{}        // a call arrived; capacity 1
+	sending bool          // the goroutine is running
+	kick    chan struct{} // a call arrived; capacity 1
 	// held has the leases granted here and not seen to end, with when
 	// each surely expires if not renewed (on this process's clock).
 	held map[holder]heldLease
@@ -165,14 +175,21 @@ func (b *renewBatcher) send() {
 }
 
 // gather waits until the pending calls make up a round (one per lease
-// held), or no call has arrived for batchQuiet, or maxBatchLinger has
-// passed since gathering began; then it takes them, dropping those whose
-// context has ended. It returns nil, with the goroutine marked stopped,
+// held), or no call has arrived for a while, or the linger (batchLinger)
+// has passed since gathering began; then it takes them, dropping those
+// whose context has ended. It returns nil, with the goroutine marked stopped,
 // when nothing is pending.
 func (b *renewBatcher) gather() []*renewCall {
-	linger := time.NewTimer(maxBatchLinger)
+	b.mu.Lock()
+	var first time.Duration
+	if len(b.pending) > 0 {
+		first = b.pending[0].ttl
+	}
+	b.mu.Unlock()
+	lingerFor, quietFor := batchLinger(first)
+	linger := time.NewTimer(lingerFor)
 	defer linger.Stop()
-	quiet := time.NewTimer(batchQuiet)
+	quiet := time.NewTimer(quietFor)
 	defer quiet.Stop()
 	for {
 		b.mu.Lock()
@@ -186,7 +203,7 @@ func (b *renewBatcher) gather() []*renewCall {
 		if !full {
 			select {
 			case <-b.kick:
-				quiet.Reset(batchQuiet)
+				quiet.Reset(quietFor)
 				continue
 			case <-quiet.C:
 			case <-linger.C:
@@ -307,3 +324,4 @@ func checkRenew(name string, term uint64, ttl time.Duration) error {
 	}
 	return nil
 }
+
