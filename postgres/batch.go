@@ -324,4 +324,3 @@ func checkRenew(name string, term uint64, ttl time.Duration) error {
 	}
 	return nil
 }
-
