@@ -67,16 +67,18 @@
 //     fence its writes with the term. The Elector logs when OnDemoted or
 //     OnElected returns after the local deadline.
 //   - A process that is paused (SIGSTOP, a debugger, a VM pause, a long
-//     stall) stops its timers with it, so its leader context is cancelled
-//     only when it resumes, possibly after the lease has passed to another.
-//     From the moment the successor is elected until the paused process
-//     resumes and notices, two instances believe they lead: no elector can
-//     prevent this, since a paused process cannot act. A write the paused
-//     leader had in flight lands after it resumes; only fencing stops it:
-//     guard writes with the term (see Fencing), and the resource refuses
-//     them. The fault suite pauses real leader processes past the TTL and
-//     checks that their resumed writes are refused. A supervisor outside
-//     the process (the leader command has one) can also stop the work.
+//     stall) stops its timers with it: it goes on believing it leads until
+//     it resumes, possibly after the lease has passed to another, so for
+//     that while two instances believe they lead. No elector can prevent
+//     this, and checking the leader context does not help: a write decided
+//     before the pause is sent after it, and a check made just after
+//     resuming can pass before the overdue timer cancels the context. Only
+//     fencing makes such writes safe: guard them with the term (see
+//     Fencing) and have the resource refuse a term smaller than one it has
+//     seen. The fault suite (directory faults) pauses real leader processes
+//     past the TTL and asserts that a fenced resource refuses their resumed
+//     writes. A supervisor in another process (the leader command has one)
+//     can stop work outside the paused process at the deadline.
 //   - A store call whose context ends may still take effect on the store
 //     (a statement that commits after its client gave up). A campaign
 //     attempt is therefore not cut short by Run's end, and a grant that
