@@ -42,15 +42,18 @@ func holderSettings(ms, idle, interval string) string {
 // durableCommit is the SQL expression, evaluated in a statement that
 // grants or renews, that makes its transaction's commit wait until its WAL
 // is written out (and flushed, unless fsync is off) when the session's
-// synchronous_commit is off: 'local' for this transaction only, any other
-// setting kept. A commit made with synchronous_commit off is acknowledged
-// before its WAL leaves the server's memory, and a server crash (an
-// immediate shutdown, a killed postmaster or backend, a lost host) loses
-// it: a lost grant would give its term again to the next leader, and a
-// lost renewal would end a lease before its holder's local deadline
-// (DESIGN.md invariants 2 and 1). It must sit in a CTE that the statement
-// reads: PostgreSQL does not run a CTE without data-modifying statements
-// that nothing reads.
+// synchronous_commit is off: 'local' for this transaction only. Any other
+// setting is kept, so that one that also waits for standbys still does. A
+// commit made with synchronous_commit off is acknowledged before its WAL
+// leaves the server's memory, and a server crash (an immediate shutdown, a
+// killed postmaster or backend, a lost host) loses it: a lost grant would
+// give its term again to the next leader, and a lost renewal would end a
+// lease before its holder's local deadline (DESIGN.md invariants 2 and 1).
+// A release needs none: a release lost with a crash only leaves the lease
+// to run out, and any later commit that survives (a grant) carries the
+// release with it, as WAL is replayed in order. The expression must sit in
+// a CTE that the statement reads: PostgreSQL does not run a CTE without
+// data-modifying statements that nothing reads.
 const durableCommit = `set_config('synchronous_commit', CASE current_setting('synchronous_commit')
 		WHEN 'off' THEN 'local' ELSE current_setting('synchronous_commit') END, true)`
 
@@ -103,10 +106,10 @@ func newAdvisoryStatements(table string) advisoryStatements {
 		// without a term cannot happen; it takes the row over whatever it
 		// says, since holding the lock proves its holder is gone. The
 		// holder's settings, the wake-up and a durable commit
-		// (durableCommit) follow a grant. "cur" is the
-		// lease as it stood when the statement began, for a refused
-		// candidate; "previous" says whether the last holder left without
-		// a release (see Options.TakeoverGrace).
+		// (durableCommit) follow a grant. "cur" is the lease as it stood
+		// when the statement began, for a refused candidate; "previous"
+		// says whether the last holder left without a release (see
+		// Options.TakeoverGrace).
 		grant: fill(`
 WITH lk AS MATERIALIZED (
 	SELECT pg_try_advisory_lock($2) AS got

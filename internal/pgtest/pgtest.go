@@ -344,8 +344,46 @@ func (c *Cluster) Stop(t testing.TB) {
 	}
 }
 
-// Start starts a stopped server again on the same port and data, and waits
-// until it accepts connections. Only a private cluster (NewCluster) can be
+// StopImmediate shuts the server down as a crash would (pg_ctl stop -m
+// immediate): every server process quits at once, without a checkpoint, and
+// open connections end with SQLSTATE 57P01 or a closed socket. The next
+// Start runs crash recovery, which replays the WAL written before the stop:
+// a commit made with synchronous_commit off whose WAL was still in the
+// server's buffers (up to three times wal_writer_delay, 200 ms by default)
+// is lost, as in a real crash. Only a private cluster (NewCluster) can be
+// stopped.
+func (c *Cluster) StopImmediate(t testing.TB) {
+	t.Helper()
+	if err := c.canRestart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.local.stop("immediate"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Kill kills the postmaster with SIGKILL, as the kernel's out-of-memory
+// killer would, and returns once every process of the cluster's data
+// directory has exited: the backends notice the postmaster's death and
+// quit on their own, and until they have, the old shared memory block is
+// still in use and Start would fail. As with StopImmediate, the next Start
+// runs crash recovery and commits not yet written from the WAL buffers are
+// lost. Only a private cluster (NewCluster) can be killed, and only on a
+// system with /proc (Linux), where Kill finds the server's processes by
+// their working directory.
+func (c *Cluster) Kill(t testing.TB) {
+	t.Helper()
+	if err := c.canRestart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.local.kill(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Start starts a stopped (or killed) server again on the same port and
+// data, and waits until it accepts connections, after crash recovery if it
+// was not stopped cleanly. Only a private cluster (NewCluster) can be
 // started.
 func (c *Cluster) Start(t testing.TB) {
 	t.Helper()

@@ -78,6 +78,52 @@ func TestPrivateClusterRestarts(t *testing.T) {
 	}
 }
 
+func TestPrivateClusterRecoversFromACrash(t *testing.T) {
+	t.Parallel()
+	for _, crash := range []struct {
+		name string
+		do   func(*Cluster, testing.TB)
+	}{
+		{"immediate shutdown", (*Cluster).StopImmediate},
+		{"postmaster killed", (*Cluster).Kill},
+	} {
+		t.Run(crash.name, func(t *testing.T) {
+			t.Parallel()
+			c := NewCluster(t)
+			pool := c.NewPool(t)
+			ctx := context.Background()
+			if _, err := pool.Exec(ctx, "CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)"); err != nil {
+				t.Fatal(err)
+			}
+			// The checkpoint, after the commit, makes the row durable
+			// whatever synchronous_commit says.
+			if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+				t.Fatal(err)
+			}
+			crash.do(c, t)
+			if err := pool.Ping(ctx); err == nil {
+				t.Fatal("ping succeeded after the crash")
+			}
+			c.Start(t)
+			deadline := time.Now().Add(30 * time.Second)
+			var x int
+			for {
+				err := pool.QueryRow(ctx, "SELECT x FROM kept").Scan(&x)
+				if err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no answer after restart: %v", err)
+				}
+				time.Sleep(10 * time.Millisecond) // poll interval
+			}
+			if x != 42 {
+				t.Fatalf("after restart read %d, want 42", x)
+			}
+		})
+	}
+}
+
 func TestDatabaseNameIsValidAndUnique(t *testing.T) {
 	t.Parallel()
 	long := "TestSomething/with spaces and ÜNICODE/" + string(make([]byte, 100))

@@ -186,6 +186,90 @@ func (s *localServer) stop(mode string) error {
 	return nil
 }
 
+// kill kills the postmaster with SIGKILL and waits until every process
+// whose working directory is the data directory (the postmaster chdirs
+// there, and its children inherit it) has exited.
+func (s *localServer) kill() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.running {
+		return nil
+	}
+	dataDir, err := filepath.EvalSymlinks(s.dataDir)
+	if err != nil {
+		return fmt.Errorf("pgtest: kill: %w", err)
+	}
+	if _, err := os.Readlink("/proc/self/cwd"); err != nil {
+		return fmt.Errorf("pgtest: kill needs /proc to find the server's processes: %w", err)
+	}
+	b, err := os.ReadFile(filepath.Join(s.dataDir, "postmaster.pid"))
+	if err != nil {
+		return fmt.Errorf("pgtest: kill: reading the postmaster's PID: %w", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return fmt.Errorf("pgtest: kill: postmaster.pid starts with %q, not a PID", first)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("pgtest: kill -KILL %d (the postmaster): %w", pid, err)
+	}
+	s.running = false
+	deadline := time.Now().Add(time.Minute)
+	for {
+		left := processesIn(dataDir)
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pgtest: a minute after the postmaster was killed, processes %v still run in %s", left, dataDir)
+		}
+		time.Sleep(10 * time.Millisecond) // poll interval
+	}
+	// The dead postmaster stays a zombie until its parent, init, reaps it,
+	// which some containers' inits do late or never; its lock files name
+	// it, and a zombie answers kill(pid, 0), so the next postmaster would
+	// take it for a live one and refuse to start. It is dead: remove them.
+	if isZombie(pid) {
+		for _, f := range []string{filepath.Join(s.dataDir, "postmaster.pid"), filepath.Join(s.rootDir, fmt.Sprintf(".s.PGSQL.%d.lock", s.port))} {
+			if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+				return fmt.Errorf("pgtest: kill: removing the dead postmaster's lock file: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// isZombie reports whether process pid has exited but not been reaped.
+func isZombie(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses and may
+	// itself contain them.
+	_, after, ok := strings.Cut(string(b[bytes.LastIndexByte(b, ')')+1:]), " ")
+	return ok && strings.HasPrefix(after, "Z")
+}
+
+// processesIn returns the PIDs of the live processes whose working
+// directory is dir. A zombie has no working directory, and has released
+// its memory, so it is not counted.
+func processesIn(dir string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && cwd == dir {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // close stops the server at once and removes its files.
 func (s *localServer) close() error {
 	err := s.stop("immediate")
