@@ -1,10 +1,11 @@
 // Package faults is the fault-injection suite: it holds only tests, which run
 // Electors on the PostgreSQL stores under the faults that happen in real
 // deployments and check that they keep the safety claims of DESIGN.md (issue
-// 5): at most one believed leader per name at every instant (invariant 1),
-// terms that never go back (invariant 2), bounded takeover (invariant 4), and
-// a fenced resource that refuses every write a deposed leader makes once its
-// successor has written.
+// 5): at most one believed leader per name at every instant (invariant 1;
+// a paused process is the exception no Elector can prevent, see Process
+// faults), terms that never go back (invariant 2), bounded takeover
+// (invariant 4), and a fenced resource that refuses every write a deposed
+// leader makes once its successor has written.
 //
 // # Network faults
 //
@@ -32,6 +33,122 @@
 // history must be linearizable (porcupine), and every write with a term
 // smaller than that of a write accepted before it was sent must have been
 // refused.
+//
+// # Process faults
+//
+// Each scenario runs three candidates as real processes: the test binary,
+// re-executed to run TestCandidateChildProcess, each with an Elector of the
+// same name on the scenario's store (TTL 2 s), recording its beliefs with
+// internal/history and, while it leads, writing its term to the fenced
+// register every 20 ms, into files in a directory it shares with the test
+// (history.Load and fenced.LoadOps read them all, O_APPEND lines surviving
+// a SIGKILL). A child stops when its standard input closes, so that none
+// outlives the test binary. The test finds the leader from the register:
+// the writer of the greatest term, once it has written three times. The
+// faults are:
+//
+//   - SIGKILL: a trial waits a random 0 to 700 ms, kills the leader, waits
+//     for another candidate to lead and write with a greater term, checks
+//     that a write with the killed leader's term is refused, and starts a
+//     replacement process. A killed process leaves its last leadership
+//     open; it ends at the CLOCK_MONOTONIC reading taken as soon as
+//     kill(2) returned, as a dead process believes nothing.
+//     history.Check must find no overlap, no term regression and every
+//     takeover from a killed leader within 3 TTL.
+//   - SIGSTOP past the TTL: a trial stops the leader for a random 1.5 to
+//     2.5 TTL, waits for a successor with a greater term that has written,
+//     then sends SIGCONT. A paused process's timers do not fire, so it
+//     believes it leads until it resumes and notices: a paused process
+//     that resumes overlaps its successor, and this cannot be prevented
+//     without fencing. The child models the leader work that had checked
+//     its leader context and was about to write when the pause hit: on
+//     resuming, if it led when it was paused, it makes that write, with
+//     the term it led under. The test asserts that the fenced register
+//     refuses it (the write is found in the register's history, refused,
+//     in every trial), that the resumed process stops believing within
+//     TTL/2 of SIGCONT, that the successor was elected within 3 TTL of the
+//     pause, and that terms never go back. The overlaps are counted in the
+//     table, and each one must be between a paused leader and its
+//     successor; any other overlap fails the test.
+//
+// In both, the register's history must be linearizable and no stale write
+// may be accepted: the fence, not the Elector, is what keeps a paused
+// leader's writes out.
+//
+// # Database faults
+//
+// Each scenario runs three Electors in this process, as the network faults
+// do, on a private cluster of its own (pgtest.NewCluster), so that a fault
+// can hit the whole server. Each Elector has a pool of its own of four
+// connections, and every connection it makes, from the pool or opened by its
+// store from the pool's configuration, carries an application_name of its
+// own. The fenced register is on the shared cluster, which no fault
+// touches: it stands for a resource elsewhere, which a crash of the
+// election's server must not roll back nor a read-only one refuse. A trial
+// waits a random 0 to 700 ms after a leader has written three times, injects
+// the fault and waits until the fault is over. Then either another leader
+// with a greater term writes (a takeover: the old leader must no longer
+// believe, and a write with its term must be refused), or, where the
+// strategy allows it, the old leader still leads with its term a TTL after
+// the fault ended without having reported a loss: it renewed after the
+// fault and led on. The faults are:
+//
+//   - terminate: pg_terminate_backend of every session of the leader.
+//     Lease: the pool opens new connections and the leader renews, keeping
+//     its lease, which is allowed. Advisory: the lock ends with the session,
+//     the store tells the Elector (leader.LossNotifier) and another
+//     candidate takes over at once.
+//   - restart-fast: pg_ctl stop -m fast, then start: at once in even
+//     trials (an outage of a fraction of a second), 1.25 TTL after the stop
+//     in odd ones. Lease: after a short outage the leader renews once the
+//     server is back and leads on, which is allowed; after a long one it
+//     steps down at its local deadline while the server is down, and a
+//     candidate is granted the lease once the server is back. Advisory:
+//     the sessions, and the lock, end with the server; the leader steps
+//     down at once and a candidate is granted the lock once the server is
+//     back.
+//   - restart-immediate: pg_ctl stop -m immediate, a crash: no checkpoint,
+//     crash recovery at the start. As restart-fast, and more: with
+//     synchronous_commit off (as on the test cluster, and on some
+//     production servers) the commits whose WAL was still in the server's
+//     memory are lost. The stores therefore commit grants and renewals
+//     synchronously whatever synchronous_commit says (durableCommit in
+//     package postgres); without that, this scenario saw a grant lost and
+//     its term granted again to another candidate.
+//   - postmaster-kill: SIGKILL to the postmaster, as the out-of-memory
+//     killer would; its backends end when they notice, then the server
+//     starts with crash recovery. As restart-immediate.
+//   - read-only: the server turned read-only, then a failover to a
+//     read-only replica, on the same server: default_transaction_read_only
+//     is turned on for the server (ALTER SYSTEM and a reload), so that
+//     every write, on a live session or a new one, is refused with SQLSTATE
+//     25006 as a hot standby refuses it; then every session of the
+//     database is ended, as a failover ends them, and with them every
+//     advisory lock. 1.5 TTL after the switch the setting is turned off
+//     again, as a promotion makes a standby writable without ending its
+//     sessions. Lease: the leader's first renewal after the switch is
+//     refused (leader.ErrReadOnly) and it steps down at once, without
+//     waiting for its deadline (loss reason "error", asserted); nobody is
+//     granted the lease until the promotion. Advisory: the leader steps
+//     down at once too, at its first heartbeat after the switch (the
+//     heartbeat statement holds an UPDATE, refused even when it would
+//     change nothing: leader.ErrReadOnly) or when its session is ended,
+//     whichever comes first; grants are refused until the promotion.
+//   - pool-exhausted: the application's own work takes every connection
+//     of the leader's pool and holds each in a query for 1.5 TTL. Lease:
+//     the renewals wait for a connection until the leader's local
+//     deadline, it steps down (loss reason "conn_lost", asserted), and
+//     another candidate takes over once the lease has run out. Advisory:
+//     the store's sessions are not taken from the pool, so the leader leads
+//     on, which is allowed.
+//
+// At the end of a scenario, history.Check must find no overlap, no term
+// regression, and no takeover slower than 3 TTL plus the scenario's longest
+// outage (the time the server refused every grant: the restart, or the
+// read-only period), and the register's history must be linearizable with
+// no stale write accepted, as for the network faults. Only the takeovers
+// that happened are counted in the table; its trials count every fault
+// injected.
 //
 // # Two modes
 //

@@ -5,12 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,7 +20,6 @@ import (
 
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/internal/electortest"
-	"github.com/leaderelect/leader/internal/fenced"
 	"github.com/leaderelect/leader/internal/history"
 	"github.com/leaderelect/leader/internal/pgtest"
 	"github.com/leaderelect/leader/postgres"
@@ -132,16 +128,8 @@ type scenario struct {
 	proxies    *toxiproxy.ApiServer
 	upstream   string
 	cands      []*candidate
-	reg        *fenced.Register
 	workPool   *pgxpool.Pool // straight to the server, never faulty
-	mu         sync.Mutex
-	acceptedBy map[uint64]int // accepted writes per term
-}
-
-func (s *scenario) written(term uint64) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.acceptedBy[term]
+	fence      *fence        // on workPool
 }
 
 // runScenario runs trials of fault f on the strategy's store and checks the
@@ -154,16 +142,12 @@ func runScenario(t *testing.T, f networkFault, strategy string, trials int) resu
 		proxies:    toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
 		upstream:   serverAddr(t, connString),
 		workPool:   pgtest.OpenPool(t, connString),
-		acceptedBy: map[uint64]int{},
 	}
 	ctx := callCtx(t)
 	if err := postgres.Migrate(ctx, s.workPool, postgres.Options{}); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	var err error
-	if s.reg, err = fenced.Setup(ctx, s.workPool, "fenced"); err != nil {
-		t.Fatal(err)
-	}
+	s.fence = setupFence(t, s.workPool)
 	dir := t.TempDir()
 	for i := range candidates {
 		s.cands = append(s.cands, s.newCandidate(t, dir, strategy, fmt.Sprint("e", i)))
@@ -180,15 +164,7 @@ func runScenario(t *testing.T, f networkFault, strategy string, trials int) resu
 		if cur.e.IsLeader() {
 			t.Errorf("trial %d: %s still believes it leads with term %d after %s was elected with term %d", trial, cur.id, term, next.id, nextTerm)
 		}
-		// A late write with the deposed leader's term, as a leader that
-		// missed its demotion would make: the fence must refuse it.
-		accepted, err := s.reg.Write(callCtx(t), s.workPool, resource, term, cur.id+"-late", "late")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if accepted {
-			t.Errorf("trial %d: a write with the deposed leader's term %d was accepted after term %d had written", trial, term, nextTerm)
-		}
+		s.fence.lateWrite(t, trial, cur.id, term, nextTerm)
 		s.heal(t, cur)
 		cur, term = next, nextTerm
 	}
@@ -228,63 +204,10 @@ func (s *scenario) check(t *testing.T, dir string, faultedTerms []uint64) result
 		t.Errorf("%d takeovers from the %d faulted leaders (terms %v):\n%v", len(r.takeovers), len(faultedTerms), faultedTerms, rep)
 	}
 
-	ops := s.reg.History()
-	if ok, _ := fenced.CheckLinearizable(ops); !ok {
-		t.Errorf("the fenced register's history of %d operations is not linearizable", len(ops))
-	}
-	stale := staleAccepted(ops)
-	for _, op := range stale {
-		t.Errorf("a stale write was accepted: %v", op)
-	}
-	accepted, refused := countWrites(ops)
-	r.staleRefused, r.staleAccepted = refused, len(stale)
+	accepted, refused, stale := s.fence.check(t)
+	r.staleRefused, r.staleAccepted = refused, stale
 	t.Logf("takeovers %v; fenced register: %d writes accepted, %d refused", history.Summarize(r.takeovers), accepted, refused)
 	return r
-}
-
-// countWrites counts the writes in ops that were accepted and those that
-// were refused (a write is refused only when a greater term had been
-// accepted: every refusal is of a stale write). Writes whose outcome is
-// unknown are in neither.
-func countWrites(ops []fenced.Op) (accepted, refused int) {
-	for _, op := range ops {
-		switch {
-		case op.Kind != fenced.Write || op.Unknown:
-		case op.Accepted:
-			accepted++
-		default:
-			refused++
-		}
-	}
-	return accepted, refused
-}
-
-// staleAccepted returns the accepted writes whose term is smaller than that
-// of a write accepted before they were sent: what a deposed leader attempted
-// after its successor wrote, and the fence should have refused.
-func staleAccepted(ops []fenced.Op) []fenced.Op {
-	var done []fenced.Op // accepted writes, by return time
-	for _, op := range ops {
-		if op.Kind == fenced.Write && op.Accepted && !op.Unknown {
-			done = append(done, op)
-		}
-	}
-	sort.Slice(done, func(i, j int) bool { return done[i].Return < done[j].Return })
-	maxTerm := make([]uint64, len(done)) // greatest term of done[:i+1]
-	for i, op := range done {
-		maxTerm[i] = op.Term
-		if i > 0 {
-			maxTerm[i] = max(maxTerm[i], maxTerm[i-1])
-		}
-	}
-	var stale []fenced.Op
-	for _, op := range done {
-		n := sort.Search(len(done), func(i int) bool { return done[i].Return >= op.Invoke })
-		if n > 0 && maxTerm[n-1] > op.Term {
-			stale = append(stale, op)
-		}
-	}
-	return stale
 }
 
 // newCandidate starts an Elector for id on its own proxy, pool and store.
@@ -329,7 +252,7 @@ func (s *scenario) newCandidate(t *testing.T, dir, strategy, id string) *candida
 		Logger: testLogger(id),
 		OnElected: func(ctx context.Context) {
 			onElected(ctx)
-			s.work(t, ctx, id)
+			s.fence.work(t, ctx, id)
 		},
 		OnDemoted: onDemoted,
 	})
@@ -340,37 +263,6 @@ func (s *scenario) newCandidate(t *testing.T, dir, strategy, id string) *candida
 	return c
 }
 
-// work is a leader's work: write the term to the register every writeEvery
-// until leadership ends. A write already sent when it ends is let finish.
-func (s *scenario) work(t *testing.T, ctx context.Context, id string) {
-	term, _ := leader.TermFrom(ctx)
-	tick := time.NewTicker(writeEvery)
-	defer tick.Stop()
-	for i := 0; ; i++ {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		accepted, err := s.reg.Write(wctx, s.workPool, resource, term, id, fmt.Sprintf("%s/%d/%d", id, term, i))
-		cancel()
-		switch {
-		case err != nil:
-			t.Errorf("%s: %v", id, err)
-			return
-		case accepted:
-			s.mu.Lock()
-			s.acceptedBy[term]++
-			s.mu.Unlock()
-		case ctx.Err() == nil:
-			// A greater term was accepted before this write returned,
-			// and this instance still believes it leads.
-			t.Errorf("%s: write with term %d refused while it believes it leads", id, term)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
-}
-
 // nextLeader waits for a leader with a term above after that has had a few
 // writes accepted.
 func (s *scenario) nextLeader(t *testing.T, after uint64, within time.Duration) (*candidate, uint64) {
@@ -379,7 +271,7 @@ func (s *scenario) nextLeader(t *testing.T, after uint64, within time.Duration) 
 	var term uint64
 	electortest.Eventually(t, within, fmt.Sprintf("a leader with a term above %d that has written", after), func() bool {
 		for _, c := range s.cands {
-			if st := c.e.Status(); st.IsLeader && st.Term > after && s.written(st.Term) >= 3 {
+			if st := c.e.Status(); st.IsLeader && st.Term > after && s.fence.written(st.Term) >= 3 {
 				cur, term = c, st.Term
 				return true
 			}
@@ -462,18 +354,4 @@ func poolVia(t *testing.T, connString, proxyAddr string) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
-}
-
-func testLogger(instance string) *slog.Logger {
-	if os.Getenv("LEADER_TEST_LOG") == "" {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", instance)
-}
-
-// callCtx returns a context for one call, bounded generously.
-func callCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
