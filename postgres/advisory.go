@@ -64,6 +64,13 @@ import (
 // This needs PostgreSQL 14 or later (idle_session_timeout);
 // NewAdvisoryStore refuses older servers.
 //
+// The heartbeat writes (it updates the name's row), so on a server that
+// turns read-only (a hot standby after a failover, or
+// default_transaction_read_only) it fails with leader.ErrReadOnly and the
+// leader steps down, although its session may still hold the lock. Nobody
+// else is granted the name until the server takes writes again: a grant
+// writes the term.
+//
 // # When the server ends a holder's session
 //
 // If the server itself ends the holder's session (pg_terminate_backend, a

@@ -89,6 +89,28 @@
 // row and calls pg_notify in the same statement, so the wake-up is sent
 // exactly when the release commits. A new grant sends one too.
 //
+// Renewals are batched: the Renew calls that reach one LeaseStore together
+// are sent as one statement that renews each lease on its own terms (a
+// lease no longer held is reported lost, the others renewed). The Electors
+// of a process renew at the same moments (see leader.Config.RenewInterval),
+// so a process that holds many names sends one statement per renew round,
+// whatever their number; one that holds a single name sends each renewal
+// at once, as before.
+//
+// # Durability
+//
+// A grant or a renewal that the server acknowledged and then lost in a
+// crash would break the invariants: a lost grant hands its term out again,
+// and a lost renewal ends a lease before its holder's local deadline. So the
+// statements that grant or renew (of both strategies) commit durably even
+// where the session's synchronous_commit is off: they raise it to 'local'
+// for their own transaction (a stronger setting, such as one that waits for
+// standbys, is kept). Releases are left alone: a lost release only lets the
+// lease run out. A failover to an asynchronous replica can still lose the
+// last commits, which no client can prevent: run the election's database
+// with synchronous replication (synchronous_commit 'on' or stronger with
+// synchronous_standby_names) if it fails over to replicas.
+//
 // # The clock
 //
 // Every time is read with clock_timestamp() on the database server, at the
