@@ -150,17 +150,34 @@
 // that happened are counted in the table; its trials count every fault
 // injected.
 //
+// # Wall clock
+//
+// The library reads the wall clock only through internal/wallclock, for
+// what it shows (Status.LastContact, the advisory store's ExpiresAt),
+// never for what it decides. Each scenario runs three Electors in this
+// process; while one leads, the test steps that clock an hour forward, two
+// hours back and an hour forward again, holding each step for 1.5 TTL. The
+// leader must keep leading under the same term through every step, nobody
+// else may lead, and its Status.LastContact must move with the step (which
+// shows the step reached it); then it resigns and another takes over. The
+// scenarios do not run in parallel with each other, since the clock is the
+// process's.
+//
 // # Two modes
 //
 // CI mode, the default, runs every fault on every strategy (lease and
 // advisory) a few times, the scenarios in parallel, within a few minutes on
 // two cores, and logs a row per scenario: fault, strategy, trials, overlaps,
-// term regressions and takeover p50/p99/max.
+// term regressions, stale writes refused and accepted, and takeover
+// p50/p99/max.
 //
 // Soak mode runs the scenarios over and over, for as long as the environment
 // variable LEADER_SOAK (a Go duration) says, then prints a markdown table of
-// the totals to standard output. Give go test a -timeout longer than the soak
-// and -v (go test shows a passing package's output only with -v):
+// the totals to standard output. Each of the four tests loops until the
+// soak ends, counted from when it starts: give go test a -parallel of at
+// least 4 so that they all start at once, a -timeout longer than the soak
+// plus a round, and -v (go test shows a passing package's output only with
+// -v):
 //
-//	LEADER_SOAK=30m go test -race -count=1 -v -timeout 40m ./faults
+//	LEADER_SOAK=30m go test -race -count=1 -v -parallel 6 -timeout 60m ./faults
 package faults
