@@ -217,12 +217,14 @@ func (s *localServer) kill() error {
 	s.running = false
 	deadline := time.Now().Add(time.Minute)
 	for {
+		// A dying process leaves its working directory before it becomes
+		// a zombie: wait for the postmaster itself to be dead too.
 		left := processesIn(dataDir)
-		if len(left) == 0 {
+		if len(left) == 0 && (isZombie(pid) || !exists(pid)) {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("pgtest: a minute after the postmaster was killed, processes %v still run in %s", left, dataDir)
+			return fmt.Errorf("pgtest: a minute after the postmaster (PID %d) was killed, processes %v still run in %s", pid, left, dataDir)
 		}
 		time.Sleep(10 * time.Millisecond) // poll interval
 	}
@@ -238,6 +240,12 @@ func (s *localServer) kill() error {
 		}
 	}
 	return nil
+}
+
+// exists reports whether process pid exists, as a zombie or not.
+func exists(pid int) bool {
+	_, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid)))
+	return err == nil
 }
 
 // isZombie reports whether process pid has exited but not been reaped.
