@@ -87,8 +87,8 @@ func (ta *tally) markdown() string {
 	ta.mu.Lock()
 	defer ta.mu.Unlock()
 	var b strings.Builder
-	b.WriteString("| fault | strategy | trials | overlaps | term regressions | stale writes refused | stale writes accepted | takeover p50 | takeover p99 | takeover max |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| fault | strategy | trials | overlaps | term regressions | stale writes refused | stale writes accepted | takeovers | takeover p50 | takeover p99 | takeover max |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	keys := slices.SortedFunc(maps.Keys(ta.results), func(a, b [2]string) int {
 		return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]))
 	})
@@ -99,11 +99,15 @@ func (ta *tally) markdown() string {
 }
 
 func row(fault, strategy string, r result) string {
-	sum := history.Summarize(r.takeovers)
-	round := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
-	return fmt.Sprintf("| %s | %s | %d | %d | %d | %d | %d | %v | %v | %v |",
+	p50, p99, most := "–", "–", "–" // no takeover: the leader led on
+	if len(r.takeovers) > 0 {
+		sum := history.Summarize(r.takeovers)
+		round := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
+		p50, p99, most = round(sum.P50), round(sum.P99), round(sum.Max)
+	}
+	return fmt.Sprintf("| %s | %s | %d | %d | %d | %d | %d | %d | %s | %s | %s |",
 		fault, strategy, r.trials, r.overlaps, r.termRegressions, r.staleRefused, r.staleAccepted,
-		round(sum.P50), round(sum.P99), round(sum.Max))
+		len(r.takeovers), p50, p99, most)
 }
 
 // rounds runs round(t, trials) once in CI mode, and over and over until
