@@ -1,0 +1,87 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The test binary is also the candidate processes' binary: a child runs
+// childMain instead of the tests.
+func TestMain(m *testing.M) {
+	if role := os.Getenv(envRole); role != "" {
+		os.Exit(childMain(role))
+	}
+	os.Exit(m.Run())
+}
+
+// A minimal run of every setup and of the idle cost, against a throwaway
+// cluster (or LEADER_TEST_DATABASE_URL) and an embedded etcd: each elector
+// kind elects, hands over gracefully, survives a killed (or black-holed)
+// leader, is counted at steady state, and reports its idle cost. It
+// catches breakage of the harness and of the peers' adapters, not
+// performance.
+func TestSmoke(t *testing.T) {
+	p := quickPlan()
+	p.followers, p.graceful, p.crash = 2, 2, 1
+	p.loadWindow = func(t timing) time.Duration { return t.TTL.D() }
+	p.idleN, p.idleNAdvisory = 10, 5
+	out := filepath.Join(t.TempDir(), "results.json")
+	o := options{out: out, databaseURL: os.Getenv("LEADER_TEST_DATABASE_URL")}
+	var stdout, stderr bytes.Buffer
+	code := runBench(o, p, &stdout, &stderr)
+	t.Logf("stderr:\n%s", stderr.String())
+	t.Logf("stdout:\n%s", stdout.String())
+	if code != 0 {
+		t.Fatalf("bench exited with %d", code)
+	}
+
+	js, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(js, &rep); err != nil {
+		t.Fatalf("the JSON does not parse: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, r := range rep.Results {
+		seen[r.Kind+" "+r.Scenario] = true
+		if r.Error != "" {
+			t.Errorf("%s %s: %s", r.Setup, r.Scenario, r.Error)
+		}
+		switch r.Scenario {
+		case scGraceful, scCrash, scBlackHole:
+			if r.Summary == nil || r.Summary.N != r.Trials || r.Failures != 0 {
+				t.Errorf("%s %s: %d of %d trials measured, %d failed", r.Setup, r.Scenario, len(r.SamplesMs), r.Trials, r.Failures)
+			}
+		case scLoad:
+			if r.Values["leader_stmts_per_s"] <= 0 {
+				t.Errorf("%s: the leader sent nothing during the load window: %v", r.Setup, r.Values)
+			}
+		case scIdle:
+			if r.Values["goroutines_per_elector"] <= 0 {
+				t.Errorf("%s: idle followers cost no goroutine: %v", r.Setup, r.Values)
+			}
+		}
+	}
+	for _, kind := range allKinds {
+		for _, sc := range []string{scLoad, scGraceful, scCrash, scIdle} {
+			if !seen[kind+" "+sc] {
+				t.Errorf("no %s result for %s", sc, kind)
+			}
+		}
+	}
+	if !seen[kindAdvisory+" "+scBlackHole] {
+		t.Errorf("no black-hole result for the advisory strategy")
+	}
+	for _, heading := range []string{"### Handover and takeover", "### Steady-state load", "### Idle followers", "### Targets"} {
+		if !strings.Contains(stdout.String(), heading) {
+			t.Errorf("the markdown has no %q table", heading)
+		}
+	}
+}

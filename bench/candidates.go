@@ -1,0 +1,392 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+	"k8s.io/client-go/tools/leaderelection"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/bench/internal/pglock"
+	"github.com/leaderelect/leader/bench/internal/skill"
+	"github.com/leaderelect/leader/postgres"
+)
+
+// newBackend returns the shared part of spec's kind, for a child process.
+func newBackend(ctx context.Context, spec childSpec, logger *slog.Logger) (*backend, error) {
+	switch spec.Kind {
+	case kindLease, kindAdvisory:
+		return oursBackend(ctx, spec, logger)
+	case kindSkill:
+		return skillBackend(spec, logger)
+	case kindClientGo:
+		return clientGoBackend(spec)
+	case kindEtcd:
+		return etcdBackend(spec)
+	}
+	return nil, fmt.Errorf("unknown kind %q", spec.Kind)
+}
+
+// tracedPool opens a pool whose connections count their statements.
+func tracedPool(connString string) (*pgxpool.Pool, *statementCounter, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		return nil, nil, err
+	}
+	counter := &statementCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pool, counter, nil
+}
+
+func pingPool(pool *pgxpool.Pool) func() error {
+	return func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return pool.Ping(ctx)
+	}
+}
+
+// goCandidate runs a blocking campaign function on a goroutine; stop
+// cancels its context and waits for it to return.
+type goCandidate struct {
+	run    func(ctx context.Context)
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (c *goCandidate) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel, c.done = cancel, make(chan struct{})
+	go func() {
+		defer close(c.done)
+		c.run(ctx)
+	}()
+}
+
+func (c *goCandidate) stop() {
+	c.cancel()
+	<-c.done
+}
+
+// --- ours: leader.Elector on the lease or advisory store ---
+
+func oursBackend(ctx context.Context, spec childSpec, logger *slog.Logger) (*backend, error) {
+	pool, counter, err := tracedPool(spec.ConnString)
+	if err != nil {
+		return nil, err
+	}
+	opts := postgres.Options{Logger: logger}
+	var (
+		store leader.Store
+		close func()
+	)
+	if spec.Kind == kindLease {
+		s, err := postgres.NewLeaseStore(pool, opts)
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		store, close = s, s.Close
+	} else {
+		s, err := postgres.NewAdvisoryStore(ctx, pool, opts)
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		store, close = s, s.Close
+	}
+	acquires := new(atomic.Int64)
+	return &backend{
+		newCandidate: func(id string, h hooks) (candidate, error) {
+			e, err := leader.New(readyStore(store, h.ready, acquires), leader.Config{
+				Name:          spec.Name,
+				ID:            id,
+				TTL:           spec.Timing.TTL.D(),
+				RenewInterval: spec.Timing.Renew.D(),
+				Logger:        logger.With(slog.String("id", id)),
+				OnElected: func(ctx context.Context) {
+					term, _ := leader.TermFrom(ctx)
+					h.elected(term)
+				},
+				OnDemoted: h.demoted,
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &goCandidate{run: func(ctx context.Context) {
+				if err := e.Run(ctx); err != nil {
+					logger.Error("Run", slog.Any("error", err))
+				}
+			}}, nil
+		},
+		counts:   counter.snapshot,
+		acquires: acquires.Load,
+		warmUp:   pingPool(pool),
+		close:    func() { close(); pool.Close() },
+	}, nil
+}
+
+// readyStore wraps store to call ready when the first Acquire returns (so
+// that readiness costs the Elector nothing: no OnNewLeader goroutine), and
+// to count Acquire calls in calls. It keeps the store's LossNotifier, which
+// the Elector looks for.
+func readyStore(store leader.Store, ready func(), calls *atomic.Int64) leader.Store {
+	w := &acquireHook{Store: store, ready: ready, calls: calls}
+	if ln, ok := store.(leader.LossNotifier); ok {
+		return &acquireHookLoss{acquireHook: w, ln: ln}
+	}
+	return w
+}
+
+type acquireHook struct {
+	leader.Store
+	once  sync.Once
+	ready func()
+	calls *atomic.Int64
+}
+
+func (s *acquireHook) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	s.calls.Add(1)
+	l, ok, err := s.Store.Acquire(ctx, name, c, ttl)
+	if err == nil {
+		s.once.Do(s.ready)
+	}
+	return l, ok, err
+}
+
+type acquireHookLoss struct {
+	*acquireHook
+	ln leader.LossNotifier
+}
+
+func (s *acquireHookLoss) Lost(name, token string, term uint64) <-chan struct{} {
+	return s.ln.Lost(name, token, term)
+}
+
+// --- the skill's table and heartbeat ---
+
+func skillBackend(spec childSpec, logger *slog.Logger) (*backend, error) {
+	pool, counter, err := tracedPool(spec.ConnString)
+	if err != nil {
+		return nil, err
+	}
+	return &backend{
+		newCandidate: func(id string, h hooks) (candidate, error) {
+			l := skill.New(pool, skill.Config{
+				ServiceName:             spec.Name,
+				CandidateID:             id,
+				HeartbeatInterval:       spec.Timing.Renew.D(),
+				HeartbeatTimeoutSeconds: int(spec.Timing.TTL.D() / time.Second),
+				OnBecomeLeader:          func() { h.elected(0) },
+				OnLoseLeadership:        h.demoted,
+				Logger:                  slog.New(slog.DiscardHandler),
+			})
+			return &skillCandidate{l: l, ready: h.ready}, nil
+		},
+		counts: counter.snapshot,
+		warmUp: pingPool(pool),
+		close:  pool.Close,
+	}, nil
+}
+
+type skillCandidate struct {
+	l     *skill.LeaderElection
+	ready func()
+	done  chan struct{}
+}
+
+func (c *skillCandidate) start() {
+	c.done = make(chan struct{})
+	go func() {
+		defer close(c.done)
+		c.l.Start(context.Background()) // returns after the first attempt
+		c.ready()
+	}()
+}
+
+func (c *skillCandidate) stop() {
+	<-c.done
+	c.l.Stop(context.Background())
+}
+
+// --- client-go's LeaderElector on a PostgreSQL resourcelock ---
+
+func clientGoBackend(spec childSpec) (*backend, error) {
+	pool, counter, err := tracedPool(spec.ConnString)
+	if err != nil {
+		return nil, err
+	}
+	return &backend{
+		newCandidate: func(id string, h hooks) (candidate, error) {
+			lock := pglock.New(pool, spec.Name, id)
+			var once sync.Once
+			lock.AfterCall = func() { once.Do(h.ready) }
+			var (
+				mu  sync.Mutex
+				led bool
+			)
+			le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+				Lock:            lock,
+				Name:            spec.Name,
+				LeaseDuration:   spec.Timing.TTL.D(),
+				RenewDeadline:   spec.Timing.RenewDeadline.D(),
+				RetryPeriod:     spec.Timing.Renew.D(),
+				ReleaseOnCancel: true,
+				Callbacks: leaderelection.LeaderCallbacks{
+					OnStartedLeading: func(context.Context) {
+						mu.Lock()
+						led = true
+						mu.Unlock()
+						h.elected(0)
+					},
+					OnStoppedLeading: func() {
+						mu.Lock()
+						wasLeader := led
+						led = false
+						mu.Unlock()
+						if wasLeader {
+							h.demoted()
+						}
+					},
+				},
+			})
+			if err != nil {
+				return nil, err
+			}
+			return &goCandidate{run: le.Run}, nil
+		},
+		counts: counter.snapshot,
+		warmUp: pingPool(pool),
+		close:  pool.Close,
+	}, nil
+}
+
+// --- etcd's concurrency.Election ---
+
+// etcdPrefix is the key prefix of an election on etcd.
+func etcdPrefix(name string) string { return "/leaderbench/" + name }
+
+func etcdBackend(spec childSpec) (*backend, error) {
+	counter := &grpcCounter{}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{spec.Etcd},
+		DialTimeout: 5 * time.Second,
+		DialOptions: counter.dialOptions(),
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	ttl := int(spec.Timing.TTL.D() / time.Second)
+	return &backend{
+		newCandidate: func(id string, h hooks) (candidate, error) {
+			return &etcdCandidate{cli: cli, ttl: ttl, prefix: etcdPrefix(spec.Name), id: id, h: h}, nil
+		},
+		counts: counter.snapshot,
+		warmUp: func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := cli.Get(ctx, "/leaderbench/warm-up")
+			return err
+		},
+		close: func() { cli.Close() },
+	}, nil
+}
+
+// etcdCandidate campaigns with a session of its own (a lease kept alive
+// every TTL/3 by the client); stop resigns if leading, then closes the
+// session (revoking the lease).
+type etcdCandidate struct {
+	cli    *clientv3.Client
+	ttl    int
+	prefix string
+	id     string
+	h      hooks
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	mu     sync.Mutex
+	sess   *concurrency.Session
+	el     *concurrency.Election
+	led    bool
+}
+
+func (c *etcdCandidate) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel, c.done = cancel, make(chan struct{})
+	go func() {
+		defer close(c.done)
+		sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(c.ttl))
+		if err != nil {
+			slog.Error("etcd session", slog.Any("error", err))
+			return
+		}
+		el := concurrency.NewElection(sess, c.prefix)
+		c.mu.Lock()
+		c.sess, c.el = sess, el
+		c.mu.Unlock()
+		// Ready once the campaign's key exists (Campaign puts it first,
+		// then waits for the keys before it to go).
+		go func() {
+			key := fmt.Sprintf("%s/%x", c.prefix, sess.Lease())
+			for ctx.Err() == nil {
+				resp, err := c.cli.Get(ctx, key, clientv3.WithCountOnly())
+				if err == nil && resp.Count > 0 {
+					c.h.ready()
+					return
+				}
+				time.Sleep(5 * time.Millisecond) // poll interval
+			}
+		}()
+		if err := el.Campaign(ctx, c.id); err != nil {
+			return // stopped, or the session ended
+		}
+		c.mu.Lock()
+		c.led = true
+		c.mu.Unlock()
+		c.h.elected(uint64(el.Rev()))
+		select {
+		case <-sess.Done():
+			if ctx.Err() == nil {
+				c.mu.Lock()
+				c.led = false
+				c.mu.Unlock()
+				c.h.demoted()
+			}
+		case <-ctx.Done():
+		}
+	}()
+}
+
+func (c *etcdCandidate) stop() {
+	c.cancel()
+	<-c.done
+	c.mu.Lock()
+	sess, el, led := c.sess, c.el, c.led
+	c.led = false
+	c.mu.Unlock()
+	if sess == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if led {
+		if err := el.Resign(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			slog.Error("etcd resign", slog.Any("error", err))
+		}
+	}
+	sess.Close()
+}

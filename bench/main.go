@@ -1,0 +1,399 @@
+// Command bench compares leader's PostgreSQL electors (the lease and the
+// advisory strategy) with three peers, in one run, on one machine and one
+// database: the table-and-heartbeat algorithm of the "leader-election"
+// skill, client-go's LeaderElector on a PostgreSQL resourcelock, and etcd's
+// concurrency.Election on an embedded etcd. It measures graceful handover,
+// crash takeover with real processes (SIGKILL, and for the advisory
+// strategy a black-holed connection), the statements each candidate sends
+// at steady state, and the memory and goroutines of idle followers. It
+// prints markdown tables and writes the measurements as JSON.
+//
+// Run it from the repository root:
+//
+//	go -C bench run . -out bench-results.json       # full, about 20 minutes
+//	go -C bench run . -quick                         # smoke run, about 2 minutes
+//
+// See README.md for the flags and what each figure means.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+)
+
+func main() {
+	if role := os.Getenv(envRole); role != "" {
+		os.Exit(childMain(role))
+	}
+	os.Exit(benchMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// bench is one run's shared machinery.
+type bench struct {
+	db      *database
+	etcd    *etcdServer
+	proxies *toxiproxy.ApiServer
+	procs   *procs
+	stderr  io.Writer
+	start   time.Time
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.stderr, "[%6.1fs] %s\n", time.Since(b.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// options are the command line.
+type options struct {
+	quick       bool
+	out         string
+	databaseURL string
+	ttl         time.Duration
+	only        string
+	followers   int
+	graceful    int
+	crash       int
+	noDefaults  bool
+	noIdle      bool
+	noHerd      bool
+	idleN       int
+	idleNAdv    int
+	herdN       int
+	childLog    string
+}
+
+func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
+	var o options
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.BoolVar(&o.quick, "quick", false, "smoke run: few trials, 5 followers, no peer defaults (about 2 minutes)")
+	fs.StringVar(&o.out, "out", "bench-results.json", "write the measurements as JSON to this file (relative to the bench directory with go -C bench); empty: don't")
+	fs.StringVar(&o.databaseURL, "database-url", "", "postgres:// URL of a superuser (or a role with CREATEDB and CREATEROLE) on an existing server; default: start a throwaway cluster")
+	fs.DurationVar(&o.ttl, "ttl", 0, "the equal TTL at which every kind runs, whole seconds, at least 2s (etcd's minimum lease); default 2s")
+	fs.StringVar(&o.only, "only", "", "run only the setups whose name matches this regular expression (names like lease@2s, advisory@2s-blackhole, etcd@1m0s-default, lease-idle, advisory-herd)")
+	fs.IntVar(&o.followers, "followers", 0, "followers per setup (default 10; 5 with -quick)")
+	fs.IntVar(&o.graceful, "graceful", 0, "graceful handover trials per setup at the equal TTL (default 100; 5 with -quick)")
+	fs.IntVar(&o.crash, "crash", 0, "crash takeover trials per setup at the equal TTL (default 30, and 3x that for the advisory kill; 3 with -quick)")
+	fs.BoolVar(&o.noDefaults, "no-defaults", false, "skip the peers at their default timing")
+	fs.BoolVar(&o.noIdle, "no-idle", false, "skip the idle-cost measurement")
+	fs.BoolVar(&o.noHerd, "no-herd", false, "skip the many-followers-at-release measurement")
+	fs.IntVar(&o.herdN, "herd", 0, "followers woken by one release in the herd measurement (default 200; 50 with -quick)")
+	fs.IntVar(&o.idleN, "idle", 0, "idle followers in one process for the idle cost (default 1000; 100 with -quick)")
+	fs.IntVar(&o.idleNAdv, "idle-advisory", 0, "idle followers for the advisory strategy, which opens a server connection for each (default 300; 50 with -quick)")
+	fs.StringVar(&o.childLog, "child-log", "", "append the candidate processes' standard error to this file (default: a temporary file, removed unless the run fails)")
+	if err := fs.Parse(args); err != nil {
+		return o, plan{}, err
+	}
+	if fs.NArg() > 0 {
+		return o, plan{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	p := fullPlan()
+	if o.quick {
+		p = quickPlan()
+	}
+	if o.ttl != 0 {
+		if o.ttl < 2*time.Second || o.ttl%time.Second != 0 {
+			return o, p, fmt.Errorf("-ttl must be whole seconds, at least 2s (the peers count whole seconds, and etcd grants no lease under 2s): %v", o.ttl)
+		}
+		p.equalTTL = o.ttl
+	}
+	for _, f := range []struct {
+		v   int
+		dst *int
+	}{{o.followers, &p.followers}, {o.graceful, &p.graceful}, {o.crash, &p.crash}, {o.idleN, &p.idleN}, {o.idleNAdv, &p.idleNAdvisory}, {o.herdN, &p.herdN}} {
+		if f.v < 0 {
+			return o, p, fmt.Errorf("counts must not be negative")
+		}
+		if f.v > 0 {
+			*f.dst = f.v
+		}
+	}
+	if o.noDefaults {
+		p.withDefaults = false
+	}
+	return o, p, nil
+}
+
+// report is the JSON the run writes.
+type report struct {
+	Mode     string    `json:"mode"`
+	Started  time.Time `json:"started"`
+	WallSec  float64   `json:"wall_s"`
+	Machine  machine   `json:"machine"`
+	Setups   []setup   `json:"setups"`
+	Results  []Result  `json:"results"`
+	Targets  []target  `json:"targets"`
+	Failures []string  `json:"failures,omitempty"`
+}
+
+func benchMain(args []string, stdout, stderr io.Writer) int {
+	o, p, err := parseOptions(args, stderr)
+	if err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		fmt.Fprintln(stderr, "bench:", err)
+		return 2
+	}
+	return runBench(o, p, stdout, stderr)
+}
+
+// runBench runs plan p with the options o.
+func runBench(o options, p plan, stdout, stderr io.Writer) int {
+	var (
+		only *regexp.Regexp
+		err  error
+	)
+	if o.only != "" {
+		if only, err = regexp.Compile(o.only); err != nil {
+			fmt.Fprintln(stderr, "bench: -only:", err)
+			return 2
+		}
+	}
+	setups := p.setups()
+	if only != nil {
+		setups = filterSetups(setups, only)
+	}
+
+	b := &bench{stderr: stderr, start: time.Now()}
+	logPath := o.childLog
+	keepLog := logPath != ""
+	if logPath == "" {
+		f, err := os.CreateTemp("", "leaderbench-children-*.log")
+		if err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+		f.Close()
+		logPath = f.Name()
+	}
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	if b.procs, err = newProcs(logFile); err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+
+	// Whatever happens, no child, server or proxy outlives the run.
+	failed := true
+	var cleanupOnce sync.Once
+	cleanup := func() {
+		cleanupOnce.Do(func() {
+			b.procs.killAll()
+			if b.etcd != nil {
+				b.etcd.close()
+			}
+			if b.db != nil {
+				b.db.close()
+			}
+			logFile.Close()
+			if failed || keepLog {
+				fmt.Fprintf(stderr, "bench: candidate processes' log: %s\n", logPath)
+			} else {
+				os.Remove(logPath)
+			}
+		})
+	}
+	defer cleanup()
+	defer func() {
+		if v := recover(); v != nil {
+			b.procs.killAll()
+			panic(v)
+		}
+	}()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	go func() {
+		if s, ok := <-sigs; ok {
+			fmt.Fprintf(stderr, "bench: %v: stopping\n", s)
+			cleanup()
+			os.Exit(130)
+		}
+	}()
+
+	ctx := context.Background()
+	mode := p.mode
+	b.logf("bench (%s): %d setups; starting PostgreSQL", mode, len(setups))
+	if b.db, err = openDatabase(ctx, o.databaseURL); err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+	needEtcd := false
+	for _, s := range setups {
+		needEtcd = needEtcd || s.Kind == kindEtcd
+	}
+	idleKinds := []string{}
+	if !o.noIdle {
+		for _, k := range allKinds {
+			if only == nil || only.MatchString(k+"-idle") {
+				idleKinds = append(idleKinds, k)
+				needEtcd = needEtcd || k == kindEtcd
+			}
+		}
+	}
+	herdKinds := []string{}
+	if !o.noHerd {
+		for _, k := range []string{kindLease, kindAdvisory} {
+			if only == nil || only.MatchString(k+"-herd") {
+				herdKinds = append(herdKinds, k)
+			}
+		}
+	}
+	if needEtcd {
+		b.logf("starting embedded etcd")
+		if b.etcd, err = startEtcd(); err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+	}
+	b.proxies = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	for slot := range p.followers + 1 {
+		if err := b.db.ensureRole(ctx, slotRole(slot)); err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
+	}
+	if err := b.db.ensureRole(ctx, idleRole); err != nil {
+		fmt.Fprintln(stderr, "bench:", err)
+		return 1
+	}
+
+	rep := report{Mode: mode, Started: b.start, Setups: setups, Machine: describeMachine(ctx, b.db)}
+	for i := range setups {
+		s := &setups[i]
+		rep.Results = append(rep.Results, b.runSetup(ctx, s)...)
+	}
+	for _, kind := range idleKinds {
+		n := p.idleN
+		if kind == kindAdvisory {
+			n = p.idleNAdvisory
+		}
+		b.logf("%s-idle: %d idle followers in one process", kind, n)
+		rep.Results = append(rep.Results, b.measureIdle(ctx, kind, n))
+	}
+	for _, kind := range herdKinds {
+		b.logf("%s-herd: %d followers woken by each of %d releases", kind, p.herdN, p.herdTrials)
+		r := b.measureHerd(kind, p.herdN, p.herdTrials)
+		if len(r.SamplesMs) > 0 {
+			sum := summarize(r.SamplesMs)
+			r.Summary = &sum
+		}
+		rep.Results = append(rep.Results, r)
+	}
+	for _, r := range rep.Results {
+		if r.Error != "" {
+			rep.Failures = append(rep.Failures, fmt.Sprintf("%s %s: %s", r.Setup, r.Scenario, r.Error))
+		}
+	}
+	rep.Targets = evaluateTargets(rep.Results)
+	rep.WallSec = time.Since(b.start).Seconds()
+	writeMarkdown(stdout, &rep)
+	if o.out != "" {
+		js, err := json.MarshalIndent(rep, "", "  ")
+		if err == nil {
+			err = os.WriteFile(o.out, append(js, '\n'), 0o644)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "bench: writing", o.out+":", err)
+			return 1
+		}
+		abs, _ := filepath.Abs(o.out)
+		b.logf("wrote %s", abs)
+	}
+	if len(rep.Failures) > 0 {
+		fmt.Fprintf(stderr, "bench: %d measurements failed:\n  %s\n", len(rep.Failures), strings.Join(rep.Failures, "\n  "))
+		return 1
+	}
+	failed = false
+	return 0
+}
+
+func filterSetups(setups []setup, only *regexp.Regexp) []setup {
+	var out []setup
+	for _, s := range setups {
+		if only.MatchString(s.Name) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// dbSafe turns a setup name into part of a database name.
+func dbSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			return r
+		}
+		return '_'
+	}, strings.ToLower(s))
+}
+
+// runSetup runs one setup's scenarios on one group of candidate processes.
+func (b *bench) runSetup(ctx context.Context, s *setup) []Result {
+	start := time.Now()
+	b.logf("%s (%s, %d followers)", s.Name, s.Timing, s.Followers)
+	var results []Result
+	newResult := func(sc string) Result {
+		return Result{Scenario: sc, Setup: s.Name, Kind: s.Kind, Timing: s.Timing, Defaults: s.Defaults, Followers: s.Followers}
+	}
+	failAll := func(err error) []Result {
+		b.logf("%s: %v", s.Name, err)
+		for _, sc := range s.Scenarios {
+			r := newResult(sc)
+			r.Error = err.Error()
+			results = append(results, r)
+		}
+		return results
+	}
+	dbname := "lb_" + dbSafe(s.Name)
+	if s.Kind != kindEtcd {
+		roles := make([]string, s.Followers+1)
+		for i := range roles {
+			roles[i] = slotRole(i)
+		}
+		if err := b.db.createDatabase(ctx, dbname, s.Kind, roles); err != nil {
+			return failAll(err)
+		}
+		defer b.db.dropDatabase(context.Background(), dbname)
+	}
+	g, err := b.startGroup(s, dbname, s.Followers+1)
+	if err != nil {
+		return failAll(err)
+	}
+	defer g.close()
+	for _, name := range s.Scenarios {
+		sc := groupScenarios[name]
+		r := newResult(name)
+		t := time.Now()
+		if err := sc.run(g, &r); err != nil {
+			r.Error = err.Error()
+			b.logf("%s %s: %v", s.Name, name, err)
+		}
+		r.WallSec = time.Since(t).Seconds()
+		if len(r.SamplesMs) > 0 {
+			sum := summarize(r.SamplesMs)
+			r.Summary = &sum
+			b.logf("  %s %s: p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d samples)", s.Name, name, sum.P50, sum.P99, sum.Max, len(r.SamplesMs))
+		}
+		results = append(results, r)
+	}
+	b.logf("%s done in %.0fs", s.Name, time.Since(start).Seconds())
+	return results
+}

@@ -1,0 +1,392 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+)
+
+// summary summarizes latency samples, in milliseconds. Percentiles are
+// nearest-rank: p99 of fewer than 100 samples is the largest but
+// ceil(n/100)-1.
+type summary struct {
+	N    int     `json:"n"`
+	Min  float64 `json:"min"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	Max  float64 `json:"max"`
+	Mean float64 `json:"mean"`
+}
+
+func percentile(sorted []float64, p float64) float64 {
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func summarize(samples []float64) summary {
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	sum := 0.0
+	for _, v := range s {
+		sum += v
+	}
+	return summary{
+		N: len(s), Min: s[0], P50: percentile(s, 0.5), P90: percentile(s, 0.9),
+		P99: percentile(s, 0.99), Max: s[len(s)-1], Mean: sum / float64(len(s)),
+	}
+}
+
+// machine describes where the run ran.
+type machine struct {
+	OS          string            `json:"os"`
+	Arch        string            `json:"arch"`
+	CPUs        int               `json:"cpus"`
+	CPUModel    string            `json:"cpu_model,omitempty"`
+	GoVersion   string            `json:"go_version"`
+	PostgreSQL  string            `json:"postgresql"`
+	Statements  bool              `json:"pg_stat_statements"`
+	Throwaway   bool              `json:"throwaway_cluster"`
+	Deps        map[string]string `json:"deps"`
+	Concurrency string            `json:"note"`
+}
+
+func describeMachine(ctx context.Context, db *database) machine {
+	m := machine{
+		OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
+		Statements: db.statements, Throwaway: db.cluster != nil, Deps: map[string]string{},
+		Concurrency: "every candidate is its own process on this machine, as are the PostgreSQL server and its backends; the embedded etcd and the proxies run in the bench process",
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	_ = db.admin.QueryRow(ctx, "SELECT version()").Scan(&m.PostgreSQL)
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range bi.Deps {
+			switch d.Path {
+			case "k8s.io/client-go", "go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/client/v3", "github.com/jackc/pgx/v5", "github.com/Shopify/toxiproxy/v2":
+				m.Deps[d.Path] = d.Version
+			}
+		}
+	}
+	return m
+}
+
+// target is one of issue 6's targets, with the measured value.
+type target struct {
+	What     string  `json:"what"`
+	Setup    string  `json:"setup"`
+	Limit    float64 `json:"limit"`
+	Measured float64 `json:"measured"`
+	Unit     string  `json:"unit"`
+	Met      bool    `json:"met"`
+	Missing  bool    `json:"missing,omitempty"`
+}
+
+func find(results []Result, scenario, kind string, defaults bool) *Result {
+	for i := range results {
+		r := &results[i]
+		if r.Scenario == scenario && r.Kind == kind && r.Defaults == defaults && r.Error == "" {
+			return r
+		}
+	}
+	return nil
+}
+
+func evaluateTargets(results []Result) []target {
+	var out []target
+	add := func(what, setup string, limit, measured float64, unit string, ok bool) {
+		out = append(out, target{What: what, Setup: setup, Limit: limit, Measured: measured, Unit: unit, Met: ok && measured <= limit, Missing: !ok})
+	}
+	for _, kind := range []string{kindLease, kindAdvisory} {
+		if r := find(results, scGraceful, kind, false); r != nil && r.Summary != nil {
+			add("graceful handover p99 ≤ 25 ms", r.Setup, 25, r.Summary.P99, "ms", true)
+		}
+	}
+	if r := find(results, scCrash, kindLease, false); r != nil && r.Summary != nil {
+		limit := float64(r.Timing.TTL.D().Milliseconds()) + 100
+		add("lease crash takeover p99 ≤ TTL + 100 ms", r.Setup, limit, r.Summary.P99, "ms", true)
+	}
+	if r := find(results, scCrash, kindAdvisory, false); r != nil && r.Summary != nil {
+		add("advisory takeover after kill p99 ≤ 100 ms", r.Setup, 100, r.Summary.P99, "ms", true)
+	}
+	for _, kind := range []string{kindLease, kindAdvisory} {
+		if r := find(results, scLoad, kind, false); r != nil {
+			add("follower ≤ 1 statement per TTL", r.Setup, 1, r.Values["follower_stmts_per_ttl"], "statements/TTL", true)
+			add("leader ≤ 1 statement per renew interval", r.Setup, 1, r.Values["leader_stmts_per_renew"], "statements/renew interval", true)
+		}
+	}
+	return out
+}
+
+// label names a setup for the tables.
+func label(r *Result) string {
+	kind := map[string]string{
+		kindLease: "leader, lease", kindAdvisory: "leader, advisory", kindSkill: "skill (table + heartbeat)",
+		kindClientGo: "client-go LeaderElector", kindEtcd: "etcd concurrency.Election",
+	}[r.Kind]
+	if r.Defaults {
+		return kind + ", its defaults"
+	}
+	return kind
+}
+
+func timingCell(t timing, kind string) string {
+	d := func(x duration) string { return shortDur(x.D()) }
+	switch kind {
+	case kindSkill:
+		return fmt.Sprintf("timeout %s, heartbeat %s", d(t.TTL), d(t.Renew))
+	case kindClientGo:
+		return fmt.Sprintf("lease %s, renew deadline %s, retry %s", d(t.TTL), d(t.RenewDeadline), d(t.Renew))
+	case kindEtcd:
+		return fmt.Sprintf("session TTL %s (keep-alive %s)", d(t.TTL), d(t.Renew))
+	}
+	return fmt.Sprintf("TTL %s, renew %s", d(t.TTL), d(t.Renew))
+}
+
+func shortDur(d time.Duration) string {
+	if d%time.Second == 0 {
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+func latencyCell(r *Result) string {
+	if r == nil {
+		return "–"
+	}
+	if r.Summary == nil {
+		if r.Error != "" {
+			return "failed"
+		}
+		return "–"
+	}
+	s := r.Summary
+	cell := fmt.Sprintf("%s / %s / %s (n=%d)", fmtMs(s.P50), fmtMs(s.P99), fmtMs(s.Max), s.N)
+	if r.Failures > 0 {
+		cell += fmt.Sprintf(", %d failed", r.Failures)
+	}
+	return cell
+}
+
+func fmtMs(v float64) string {
+	switch {
+	case v >= 10000:
+		return fmt.Sprintf("%.1f s", v/1000)
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	default:
+		return fmt.Sprintf("%.1f", v)
+	}
+}
+
+func rate(v float64) string {
+	switch {
+	case v == 0:
+		return "0"
+	case v < 0.1:
+		return fmt.Sprintf("%.3f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+func writeMarkdown(w io.Writer, rep *report) {
+	results := rep.Results
+	setupOrder := []string{}
+	bySetup := map[string]map[string]*Result{}
+	for i := range results {
+		r := &results[i]
+		if bySetup[r.Setup] == nil {
+			bySetup[r.Setup] = map[string]*Result{}
+			setupOrder = append(setupOrder, r.Setup)
+		}
+		bySetup[r.Setup][r.Scenario] = r
+	}
+	any := func(m map[string]*Result) *Result {
+		for _, r := range m {
+			return r
+		}
+		return nil
+	}
+
+	fmt.Fprintf(w, "## Leader election benchmark (%s mode)\n\n", rep.Mode)
+	fmt.Fprintf(w, "%s; %d CPUs (%s); %s; Go %s. Wall time %.0f s.\n\n",
+		rep.Started.Format(time.RFC3339), rep.Machine.CPUs, rep.Machine.CPUModel, firstWords(rep.Machine.PostgreSQL, 2), rep.Machine.GoVersion, rep.WallSec)
+
+	has := func(scenarios ...string) bool {
+		for i := range results {
+			if slices.Contains(scenarios, results[i].Scenario) {
+				return true
+			}
+		}
+		return false
+	}
+	if has(scGraceful, scCrash, scBlackHole) {
+		fmt.Fprintln(w, "### Handover and takeover (ms: p50 / p99 / max, n trials)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| Elector | Timing | Followers | Graceful handover | Crash takeover | Crash p99 ÷ TTL |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|")
+	}
+	for _, name := range setupOrder {
+		m := bySetup[name]
+		r := any(m)
+		if m[scGraceful] == nil && m[scCrash] == nil && m[scBlackHole] == nil {
+			continue
+		}
+		crash := m[scCrash]
+		crashLabel := ""
+		if crash == nil && m[scBlackHole] != nil {
+			crash = m[scBlackHole]
+		}
+		lbl := label(r)
+		switch {
+		case m[scBlackHole] != nil:
+			lbl += ", leader's connections black-holed"
+		case r.Kind == kindAdvisory && crash != nil:
+			lbl += ", leader's process killed"
+		}
+		ratio := "–"
+		if crash != nil && crash.Summary != nil {
+			ratio = fmt.Sprintf("%.2f", crash.Summary.P99/float64(crash.Timing.TTL.D().Milliseconds()))
+		}
+		if crash != nil && crash.Defaults && crash.Trials > 0 && crash.Trials < 10 {
+			crashLabel = " (few trials: one takes a default TTL)"
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %s%s | %s |\n", lbl, timingCell(r.Timing, r.Kind), r.Followers,
+			latencyCell(m[scGraceful]), latencyCell(crash), crashLabel, ratio)
+	}
+	if has(scLoad) {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "### Steady-state load (statements per second, per process)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| Elector | Timing | Leader | Each follower (mean / max) | Leader per renew interval | Follower per TTL | Server: leader / follower | Server: all statements, transactions vs client |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	}
+	for _, name := range setupOrder {
+		r := bySetup[name][scLoad]
+		if r == nil {
+			continue
+		}
+		if r.Error != "" {
+			fmt.Fprintf(w, "| %s | %s | failed: %s |||||||\n", label(r), timingCell(r.Timing, r.Kind), r.Error)
+			continue
+		}
+		v := r.Values
+		server, all := "–", "–"
+		if r.Kind == kindEtcd {
+			all = fmt.Sprintf("%s requests vs %s (etcd metrics)", rate(v["server_requests_per_s"]), rate(v["client_stmts_per_s"]))
+		} else {
+			if _, ok := v["server_leader_stmts_per_s"]; ok {
+				server = fmt.Sprintf("%s / %s", rate(v["server_leader_stmts_per_s"]), rate(v["server_follower_stmts_per_s"]))
+				all = fmt.Sprintf("%s stmts, %s xacts vs %s", rate(v["server_stmts_per_s"]), rate(v["server_xacts_per_s"]), rate(v["client_stmts_per_s"]))
+			} else {
+				all = fmt.Sprintf("%s xacts vs %s", rate(v["server_xacts_per_s"]), rate(v["client_stmts_per_s"]))
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s / %s | %.2f | %.2f | %s | %s |\n", label(r), timingCell(r.Timing, r.Kind),
+			rate(v["leader_stmts_per_s"]), rate(v["follower_stmts_per_s"]), rate(v["follower_stmts_per_s_max"]),
+			v["leader_stmts_per_renew"], v["follower_stmts_per_ttl"], server, all)
+	}
+	fmt.Fprintln(w)
+
+	if has(scIdle) {
+		fmt.Fprintln(w, "### Idle followers in one process (at each kind's default timing)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| Elector | N | Heap in use per elector | Goroutines per elector | Server connections per elector (in all) | Notes |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|")
+		for i := range results {
+			r := &results[i]
+			if r.Scenario != scIdle {
+				continue
+			}
+			if r.Error != "" {
+				fmt.Fprintf(w, "| %s | – | failed: %s |||||\n", label(r), r.Error)
+				continue
+			}
+			v := r.Values
+			conns := "–"
+			if c, ok := v["server_connections_per_elector"]; ok {
+				conns = fmt.Sprintf("%.3f (%.0f)", c, c*float64(r.Followers))
+			}
+			fmt.Fprintf(w, "| %s | %d | %s | %.2f | %s | %s |\n", strings.TrimSuffix(label(r), ", its defaults"), r.Followers,
+				bytesCell(v["heap_inuse_bytes_per_elector"]), v["goroutines_per_elector"], conns, strings.Join(r.Notes, "; "))
+		}
+		fmt.Fprintln(w)
+	}
+
+	if has(scHerd) {
+		fmt.Fprintln(w, "### Many followers at one release (one process, one store)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| Elector | Timing | Followers | Stop → successor elected (ms: p50 / p99 / max) | Acquire attempts per handover (mean / max) | Statements per handover (mean) |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|")
+		for i := range results {
+			r := &results[i]
+			if r.Scenario != scHerd {
+				continue
+			}
+			if r.Error != "" {
+				fmt.Fprintf(w, "| %s | %s | %d | failed: %s |||\n", label(r), timingCell(r.Timing, r.Kind), r.Followers, r.Error)
+				continue
+			}
+			v := r.Values
+			fmt.Fprintf(w, "| %s | %s | %d | %s | %.1f / %.0f | %.1f |\n", label(r), timingCell(r.Timing, r.Kind), r.Followers,
+				latencyCell(r), v["acquires_per_handover_mean"], v["acquires_per_handover_max"], v["statements_per_handover_mean"])
+		}
+		fmt.Fprintln(w)
+	}
+
+	if len(rep.Targets) > 0 {
+		fmt.Fprintln(w, "### Targets (issue 6)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| Target | Setup | Measured | Met |")
+		fmt.Fprintln(w, "|---|---|---|---|")
+		for _, t := range rep.Targets {
+			met := "yes"
+			if !t.Met {
+				met = "**no**"
+			}
+			fmt.Fprintf(w, "| %s | %s | %.2f %s | %s |\n", t.What, t.Setup, t.Measured, t.Unit, met)
+		}
+		fmt.Fprintln(w)
+	}
+	if len(rep.Failures) > 0 {
+		fmt.Fprintln(w, "### Failed measurements")
+		fmt.Fprintln(w)
+		for _, f := range rep.Failures {
+			fmt.Fprintf(w, "- %s\n", f)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+func bytesCell(b float64) string {
+	switch {
+	case math.Abs(b) >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", b/(1<<20))
+	case math.Abs(b) >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", b/(1<<10))
+	default:
+		return fmt.Sprintf("%.0f B", b)
+	}
+}
+
+func firstWords(s string, n int) string {
+	f := strings.Fields(s)
+	if len(f) > n {
+		f = f[:n]
+	}
+	return strings.Join(f, " ")
+}

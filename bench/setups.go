@@ -1,0 +1,185 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// The elector kinds the benchmark runs.
+const (
+	kindLease    = "lease"     // ours, postgres.NewLeaseStore
+	kindAdvisory = "advisory"  // ours, postgres.NewAdvisoryStore
+	kindSkill    = "skill"     // the "leader-election" skill's table and heartbeat
+	kindClientGo = "client-go" // k8s.io/client-go/tools/leaderelection on a PostgreSQL resourcelock
+	kindEtcd     = "etcd"      // go.etcd.io/etcd/client/v3/concurrency on an embedded etcd
+)
+
+var allKinds = []string{kindLease, kindAdvisory, kindSkill, kindClientGo, kindEtcd}
+
+// duration is a time.Duration that reads and writes as "1.5s" in JSON.
+type duration time.Duration
+
+func (d duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+func (d *duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	*d = duration(v)
+	return err
+}
+
+func (d duration) D() time.Duration { return time.Duration(d) }
+
+// timing is an elector's timing, in the terms of each kind:
+//
+//	kind       TTL                           Renew                          RenewDeadline
+//	lease      Config.TTL                    Config.RenewInterval
+//	advisory   Config.TTL                    Config.RenewInterval
+//	skill      heartbeatTimeoutSeconds       heartbeatInterval (followers poll at it too)
+//	client-go  LeaseDuration                 RetryPeriod (renew and retry)  RenewDeadline
+//	etcd       session TTL (whole seconds)   TTL/3, the client's keep-alive (not settable)
+type timing struct {
+	TTL           duration `json:"ttl"`
+	Renew         duration `json:"renew"`
+	RenewDeadline duration `json:"renew_deadline,omitempty"`
+}
+
+func (t timing) String() string {
+	s := fmt.Sprintf("TTL %s, renew %s", shortDur(t.TTL.D()), shortDur(t.Renew.D()))
+	if t.RenewDeadline != 0 {
+		s += fmt.Sprintf(", deadline %s", shortDur(t.RenewDeadline.D()))
+	}
+	return s
+}
+
+// timingAt returns kind's timing for a TTL of ttl, scaled as each kind's
+// defaults are (ttl must be whole seconds for skill, client-go and etcd).
+func timingAt(kind string, ttl time.Duration) timing {
+	switch kind {
+	case kindClientGo: // defaults 15s / 10s / 2s
+		return timing{TTL: duration(ttl), Renew: duration(ttl * 2 / 15), RenewDeadline: duration(ttl * 10 / 15)}
+	default: // ours: RenewInterval TTL/3; skill: the rule interval < timeout/3 at its limit; etcd: keep-alive TTL/3
+		return timing{TTL: duration(ttl), Renew: duration(ttl / 3)}
+	}
+}
+
+// defaultTiming returns kind's documented default timing.
+func defaultTiming(kind string) timing {
+	switch kind {
+	case kindSkill:
+		return timing{TTL: duration(30 * time.Second), Renew: duration(10 * time.Second)}
+	case kindClientGo:
+		return timing{TTL: duration(15 * time.Second), Renew: duration(2 * time.Second), RenewDeadline: duration(10 * time.Second)}
+	case kindEtcd:
+		return timing{TTL: duration(60 * time.Second), Renew: duration(20 * time.Second)}
+	default: // ours: DefaultTTL 15s, RenewInterval TTL/3
+		return timing{TTL: duration(15 * time.Second), Renew: duration(5 * time.Second)}
+	}
+}
+
+// setup is one elector kind at one timing, run as a group of candidate
+// processes, with the scenarios that apply to it.
+type setup struct {
+	Name     string `json:"name"` // unique, e.g. "lease@2s"
+	Kind     string `json:"kind"`
+	Timing   timing `json:"timing"`
+	Defaults bool   `json:"defaults"` // the kind's documented defaults (else the equal TTL)
+	// Proxy puts an in-process TCP proxy between each candidate and the
+	// database, for black-holing a leader's connections.
+	Proxy bool `json:"proxy,omitempty"`
+
+	Followers      int      `json:"followers"`
+	GracefulTrials int      `json:"graceful_trials"`
+	CrashTrials    int      `json:"crash_trials"`
+	LoadWindow     duration `json:"load_window"`
+	Scenarios      []string `json:"scenarios"`
+	Note           string   `json:"note,omitempty"`
+}
+
+// plan is what a run measures.
+type plan struct {
+	mode            string
+	equalTTL        time.Duration
+	followers       int
+	graceful, crash int // trials at the equal TTL
+	// defaultsGraceful and defaultsCrash are the trials at the peers'
+	// defaults, where one crash trial takes a whole default TTL (up to 60s).
+	defaultsGraceful int
+	defaultsCrash    map[string]int
+	loadWindow       func(timing) time.Duration
+	withDefaults     bool
+	idleN            int
+	idleNAdvisory    int
+	herdN            int // followers woken at once by a release
+	herdTrials       int
+}
+
+func quickPlan() plan {
+	return plan{
+		mode:     "quick",
+		equalTTL: 2 * time.Second, followers: 5, graceful: 5, crash: 2,
+		loadWindow: func(t timing) time.Duration { return 2 * t.TTL.D() },
+		idleN:      100, idleNAdvisory: 50,
+		herdN: 50, herdTrials: 3,
+	}
+}
+
+func fullPlan() plan {
+	return plan{
+		mode:     "full",
+		equalTTL: 2 * time.Second, followers: 10, graceful: 100, crash: 30,
+		defaultsGraceful: 20,
+		defaultsCrash:    map[string]int{kindSkill: 2, kindClientGo: 3, kindEtcd: 2},
+		loadWindow: func(t timing) time.Duration {
+			// At least 10 renewals by the leader and 2 TTLs, at most 45s.
+			return min(max(10*t.Renew.D(), 2*t.TTL.D(), 20*time.Second), 45*time.Second)
+		},
+		withDefaults: true,
+		idleN:        1000, idleNAdvisory: 300,
+		herdN: 200, herdTrials: 20,
+	}
+}
+
+// Scenario names.
+const (
+	scLoad      = "steady-load"
+	scGraceful  = "graceful-handover"
+	scCrash     = "crash-takeover"
+	scBlackHole = "blackhole-takeover"
+	scIdle      = "idle-cost"
+)
+
+// setups returns the setups of p, in the order they run.
+func (p plan) setups() []setup {
+	var out []setup
+	add := func(kind string, t timing, defaults bool, graceful, crash int, scenarios ...string) {
+		name := fmt.Sprintf("%s@%v", kind, t.TTL.D())
+		if defaults {
+			name += "-default"
+		}
+		out = append(out, setup{
+			Name: name, Kind: kind, Timing: t, Defaults: defaults, Followers: p.followers,
+			GracefulTrials: graceful, CrashTrials: crash, LoadWindow: duration(p.loadWindow(t)), Scenarios: scenarios,
+		})
+	}
+	for _, kind := range allKinds {
+		add(kind, timingAt(kind, p.equalTTL), false, p.graceful, p.crash, scLoad, scGraceful, scCrash)
+		if kind == kindAdvisory {
+			// The advisory kill takes milliseconds: many more trials fit.
+			out[len(out)-1].CrashTrials = p.crash * 3
+			add(kind, timingAt(kind, p.equalTTL), false, 0, p.crash, scBlackHole)
+			out[len(out)-1].Name += "-blackhole"
+			out[len(out)-1].Proxy = true
+		}
+	}
+	if p.withDefaults {
+		for _, kind := range []string{kindSkill, kindClientGo, kindEtcd} {
+			add(kind, defaultTiming(kind), true, p.defaultsGraceful, p.defaultsCrash[kind], scLoad, scGraceful, scCrash)
+		}
+	}
+	return out
+}
