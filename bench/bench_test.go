@@ -22,7 +22,9 @@ func TestMain(m *testing.M) {
 // A minimal run of every setup and of the idle cost, against a throwaway
 // cluster (or LEADER_TEST_DATABASE_URL) and an embedded etcd: each elector
 // kind elects, hands over gracefully, survives a killed (or black-holed)
-// leader, is counted at steady state, and reports its idle cost. It
+// leader, is counted at steady state, and reports its idle cost; the lease
+// strategy also holds 500 names in one process and runs 5 processes × 10
+// names (short windows). It
 // catches breakage of the harness and of the peers' adapters, not
 // performance.
 func TestSmoke(t *testing.T) {
@@ -30,6 +32,8 @@ func TestSmoke(t *testing.T) {
 	p.followers, p.graceful, p.crash = 2, 2, 1
 	p.loadWindow = func(t timing) time.Duration { return t.TTL.D() }
 	p.idleN, p.idleNAdvisory = 10, 5
+	p.scaleNames, p.scaleNamesWindow = 500, 8*time.Second
+	p.scaleProcs, p.scaleProcNames, p.scaleProcsWindow = 5, 10, 8*time.Second
 	out := filepath.Join(t.TempDir(), "results.json")
 	o := options{out: out, databaseURL: os.Getenv("LEADER_TEST_DATABASE_URL")}
 	var stdout, stderr bytes.Buffer
@@ -67,6 +71,27 @@ func TestSmoke(t *testing.T) {
 			if r.Values["goroutines_per_elector"] <= 0 {
 				t.Errorf("%s: idle followers cost no goroutine: %v", r.Setup, r.Values)
 			}
+		case scScaleNames:
+			v := r.Values
+			if v["renew_statements"] <= 0 || v["rounds_observed"] <= 0 || r.Summary == nil || len(r.Rounds) == 0 {
+				t.Errorf("%s: no renew rounds measured: %v", r.Setup, v)
+			}
+			if v["names"] != float64(p.scaleNames) || v["leaders_at_end"] != v["names"] || v["server_leases_held"] != v["names"] {
+				t.Errorf("%s: not every name led at the end: %v", r.Setup, v)
+			}
+		case scScaleProcs:
+			v := r.Values
+			if v["processes"] != float64(p.scaleProcs) || v["leaders_per_name_min"] != 1 || v["leaders_per_name_max"] != 1 || v["server_leases_held"] != v["names"] {
+				t.Errorf("%s: not exactly one leader per name: %v", r.Setup, v)
+			}
+			if v["leader_stmts_per_round_mean"] <= 0 || v["follower_stmts_per_ttl"] <= 0 {
+				t.Errorf("%s: leaders or followers sent nothing: %v", r.Setup, v)
+			}
+		}
+	}
+	for _, sc := range []string{scScaleNames, scScaleProcs} {
+		if !seen[kindLease+" "+sc] {
+			t.Errorf("no %s result", sc)
 		}
 	}
 	for _, kind := range allKinds {
@@ -79,7 +104,7 @@ func TestSmoke(t *testing.T) {
 	if !seen[kindAdvisory+" "+scBlackHole] {
 		t.Errorf("no black-hole result for the advisory strategy")
 	}
-	for _, heading := range []string{"### Handover and takeover", "### Steady-state load", "### Idle followers", "### Targets"} {
+	for _, heading := range []string{"### Handover and takeover", "### Steady-state load", "### Idle followers", "### Scale: many names", "### Scale: many processes", "### Targets"} {
 		if !strings.Contains(stdout.String(), heading) {
 			t.Errorf("the markdown has no %q table", heading)
 		}

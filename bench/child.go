@@ -25,6 +25,9 @@ const (
 
 	roleCandidate = "candidate"
 	roleIdle      = "idle"
+	// roleScaleNames and roleScaleProc: see scale.go.
+	roleScaleNames = "scale-names"
+	roleScaleProc  = "scale-proc"
 )
 
 // childSpec tells a child what to run.
@@ -38,6 +41,10 @@ type childSpec struct {
 	IdleN      int    `json:"idle_n,omitempty"`      // idle: how many followers
 	// StartDelay is how long a candidate waits before its first campaign.
 	StartDelay duration `json:"start_delay,omitempty"`
+	// Names is how many names a scale process campaigns for, named
+	// Name-00000 on; PoolConns its pool's MaxConns (0: pgxpool's default).
+	Names     int `json:"names,omitempty"`
+	PoolConns int `json:"pool_conns,omitempty"`
 }
 
 // event is one line a child writes on its standard output.
@@ -50,15 +57,20 @@ type childSpec struct {
 //	counts    reply to "counts": statements sent since the child started
 //	idle      reply of an idle child: its cost report
 //	handover  reply of a herd child to "handover": what it cost
+//	scale     reply of a scale-names child to "report": what it measured
 //	error     something failed; Msg says what
+//
+// A scale-proc child's elected and demoted carry the election's Name.
 type event struct {
-	Ev     string      `json:"ev"`
-	T      int64       `json:"t"` // CLOCK_MONOTONIC, ns
-	Term   uint64      `json:"term,omitempty"`
-	Counts *counts     `json:"counts,omitempty"`
-	Idle   *idleReport `json:"idle,omitempty"`
-	Herd   *herdReport `json:"herd,omitempty"`
-	Msg    string      `json:"msg,omitempty"`
+	Ev     string       `json:"ev"`
+	T      int64        `json:"t"` // CLOCK_MONOTONIC, ns
+	Term   uint64       `json:"term,omitempty"`
+	Counts *counts      `json:"counts,omitempty"`
+	Idle   *idleReport  `json:"idle,omitempty"`
+	Herd   *herdReport  `json:"herd,omitempty"`
+	Scale  *scaleReport `json:"scale,omitempty"`
+	Name   string       `json:"name,omitempty"`
+	Msg    string       `json:"msg,omitempty"`
 }
 
 // Commands the parent writes to a candidate child's standard input, one a
@@ -143,6 +155,10 @@ func childMain(role string) int {
 		return runIdle(spec, em, logger)
 	case roleHerd:
 		return runHerd(spec, em, logger)
+	case roleScaleNames:
+		return runScaleNames(spec, em, logger)
+	case roleScaleProc:
+		return runScaleProc(spec, em, logger)
 	}
 	return em.fail(fmt.Errorf("unknown child role %q", role))
 }

@@ -243,3 +243,60 @@ GROUP BY r.rolname`, database)
 	}
 	return c, errors.Join(rows.Err())
 }
+
+// scaleServer is the server's statement counts for a scale measurement's
+// database (pg_stat_statements, every role): all statements, the lease
+// store's renewal statements (UPDATE ... FROM unnest(...)) with their total
+// execution time, and its acquire statements. ok is false without
+// pg_stat_statements.
+type scaleServer struct {
+	ok                      bool
+	all, renewals, acquires int64
+	renewMs                 float64
+}
+
+func (d *database) scaleCounts(ctx context.Context, database string) (scaleServer, error) {
+	var c scaleServer
+	if !d.statements {
+		return c, nil
+	}
+	err := d.admin.QueryRow(ctx, `
+SELECT coalesce(sum(s.calls), 0)::bigint,
+	coalesce(sum(s.calls) FILTER (WHERE strpos(s.query, $2) > 0), 0)::bigint,
+	coalesce(sum(s.total_exec_time) FILTER (WHERE strpos(s.query, $2) > 0), 0)::float8,
+	coalesce(sum(s.calls) FILTER (WHERE strpos(s.query, $3) > 0), 0)::bigint
+FROM pg_stat_statements AS s
+JOIN pg_database AS db ON db.oid = s.dbid
+WHERE db.datname = $1`, database, sqlRenewMark, sqlAcquireMark).Scan(&c.all, &c.renewals, &c.renewMs, &c.acquires)
+	c.ok = err == nil
+	return c, err
+}
+
+// leaseTable is the state of a database's lease table on the server: the
+// leases held now (on the server's clock) and their distinct holder IDs;
+// from pg_stat_user_tables (reported by backends within a second or so),
+// the row updates since the database was created and how many of them
+// were HOT (no index entry written); and the table's size with its index.
+type leaseTable struct {
+	held, holders          int64
+	updates, hotUpdates    int64
+	deadTuples, totalBytes int64
+}
+
+func (d *database) leaseTable(ctx context.Context, database string) (t leaseTable, err error) {
+	conn, err := pgx.Connect(ctx, d.connString(database, "", ""))
+	if err != nil {
+		return t, err
+	}
+	defer conn.Close(context.Background())
+	table := pgx.Identifier{postgres.DefaultSchema, postgres.DefaultTable}.Sanitize()
+	err = conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT holder_id) FROM `+table+
+		` WHERE holder_token IS NOT NULL AND expires_at > clock_timestamp()`).Scan(&t.held, &t.holders)
+	if err != nil {
+		return t, err
+	}
+	err = conn.QueryRow(ctx, `
+SELECT coalesce(n_tup_upd, 0), coalesce(n_tup_hot_upd, 0), coalesce(n_dead_tup, 0), pg_total_relation_size(relid)
+FROM pg_stat_user_tables WHERE relid = $1::regclass`, table).Scan(&t.updates, &t.hotUpdates, &t.deadTuples, &t.totalBytes)
+	return t, err
+}

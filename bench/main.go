@@ -5,13 +5,15 @@
 // concurrency.Election on an embedded etcd. It measures graceful handover,
 // crash takeover with real processes (SIGKILL, and for the advisory
 // strategy a black-holed connection), the statements each candidate sends
-// at steady state, and the memory and goroutines of idle followers. It
+// at steady state, and the memory and goroutines of idle followers; and,
+// for the lease strategy, one process holding 10,000 names and 100
+// processes campaigning for the same 100 names (issue 6's scale). It
 // prints markdown tables and writes the measurements as JSON.
 //
 // Run it from the repository root:
 //
-//	go -C bench run . -out bench-results.json       # full, about 20 minutes
-//	go -C bench run . -quick                         # smoke run, about 2 minutes
+//	go -C bench run . -out bench-results.json       # full, about 27 minutes
+//	go -C bench run . -quick                         # smoke run, about 3 minutes
 //
 // See README.md for the flags and what each figure means.
 package main
@@ -73,17 +75,23 @@ type options struct {
 	idleNAdv    int
 	herdN       int
 	childLog    string
+	noScale     bool
+	scaleWindow time.Duration
+	scaleTTL    time.Duration
+	scaleNames  int
+	scaleProcs  int
+	scaleProcN  int
 }
 
 func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 	var o options
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.BoolVar(&o.quick, "quick", false, "smoke run: few trials, 5 followers, no peer defaults (about 2 minutes)")
+	fs.BoolVar(&o.quick, "quick", false, "smoke run: few trials, 5 followers, no peer defaults, 30s scale windows (about 3 minutes)")
 	fs.StringVar(&o.out, "out", "bench-results.json", "write the measurements as JSON to this file (relative to the bench directory with go -C bench); empty: don't")
 	fs.StringVar(&o.databaseURL, "database-url", "", "postgres:// URL of a superuser (or a role with CREATEDB and CREATEROLE) on an existing server; default: start a throwaway cluster")
 	fs.DurationVar(&o.ttl, "ttl", 0, "the equal TTL at which every kind runs, whole seconds, at least 2s (etcd's minimum lease); default 2s")
-	fs.StringVar(&o.only, "only", "", "run only the setups whose name matches this regular expression (names like lease@2s, advisory@2s-blackhole, etcd@1m0s-default, lease-idle, advisory-herd)")
+	fs.StringVar(&o.only, "only", "", "run only the setups whose name matches this regular expression (names like lease@2s, advisory@2s-blackhole, etcd@1m0s-default, lease-idle, advisory-herd, lease-scale-10k, lease-scale-100x100)")
 	fs.IntVar(&o.followers, "followers", 0, "followers per setup (default 10; 5 with -quick)")
 	fs.IntVar(&o.graceful, "graceful", 0, "graceful handover trials per setup at the equal TTL (default 100; 5 with -quick)")
 	fs.IntVar(&o.crash, "crash", 0, "crash takeover trials per setup at the equal TTL (default 30, and 3x that for the advisory kill; 3 with -quick)")
@@ -93,6 +101,12 @@ func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 	fs.IntVar(&o.herdN, "herd", 0, "followers woken by one release in the herd measurement (default 200; 50 with -quick)")
 	fs.IntVar(&o.idleN, "idle", 0, "idle followers in one process for the idle cost (default 1000; 100 with -quick)")
 	fs.IntVar(&o.idleNAdv, "idle-advisory", 0, "idle followers for the advisory strategy, which opens a server connection for each (default 300; 50 with -quick)")
+	fs.BoolVar(&o.noScale, "no-scale", false, "skip the scale measurements (one process holding many names; many processes campaigning for the same names)")
+	fs.DurationVar(&o.scaleWindow, "scale-window", 0, "the measured window of both scale measurements (default 5m for one process's names and 2m for many processes; 30s each with -quick)")
+	fs.DurationVar(&o.scaleTTL, "scale-ttl", 0, "the TTL of the scale measurements (default 6s; RenewInterval is TTL/3)")
+	fs.IntVar(&o.scaleNames, "scale-names", 0, "names held by one process in the scale measurement (default 10000)")
+	fs.IntVar(&o.scaleProcs, "scale-procs", 0, "processes campaigning for the same names in the scale measurement (default 100)")
+	fs.IntVar(&o.scaleProcN, "scale-proc-names", 0, "names each of those processes campaigns for (default 100)")
 	fs.StringVar(&o.childLog, "child-log", "", "append the candidate processes' standard error to this file (default: a temporary file, removed unless the run fails)")
 	if err := fs.Parse(args); err != nil {
 		return o, plan{}, err
@@ -113,7 +127,8 @@ func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 	for _, f := range []struct {
 		v   int
 		dst *int
-	}{{o.followers, &p.followers}, {o.graceful, &p.graceful}, {o.crash, &p.crash}, {o.idleN, &p.idleN}, {o.idleNAdv, &p.idleNAdvisory}, {o.herdN, &p.herdN}} {
+	}{{o.followers, &p.followers}, {o.graceful, &p.graceful}, {o.crash, &p.crash}, {o.idleN, &p.idleN}, {o.idleNAdv, &p.idleNAdvisory}, {o.herdN, &p.herdN},
+		{o.scaleNames, &p.scaleNames}, {o.scaleProcs, &p.scaleProcs}, {o.scaleProcN, &p.scaleProcNames}} {
 		if f.v < 0 {
 			return o, p, fmt.Errorf("counts must not be negative")
 		}
@@ -123,6 +138,21 @@ func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 	}
 	if o.noDefaults {
 		p.withDefaults = false
+	}
+	if o.noScale {
+		p.withScale = false
+	}
+	if o.scaleWindow < 0 || o.scaleTTL < 0 {
+		return o, p, fmt.Errorf("-scale-window and -scale-ttl must not be negative")
+	}
+	if o.scaleWindow > 0 {
+		p.scaleNamesWindow, p.scaleProcsWindow = o.scaleWindow, o.scaleWindow
+	}
+	if o.scaleTTL > 0 {
+		if o.scaleTTL < 3*time.Second {
+			return o, p, fmt.Errorf("-scale-ttl must be at least 3s: %v", o.scaleTTL)
+		}
+		p.scaleTTL = o.scaleTTL
 	}
 	return o, p, nil
 }
@@ -256,6 +286,14 @@ func runBench(o options, p plan, stdout, stderr io.Writer) int {
 			}
 		}
 	}
+	var scales []scaleRun
+	if p.withScale {
+		for _, sc := range p.scaleRuns() {
+			if only == nil || only.MatchString(sc.name) {
+				scales = append(scales, sc)
+			}
+		}
+	}
 	if needEtcd {
 		b.logf("starting embedded etcd")
 		if b.etcd, err = startEtcd(); err != nil {
@@ -270,9 +308,11 @@ func runBench(o options, p plan, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	if err := b.db.ensureRole(ctx, idleRole); err != nil {
-		fmt.Fprintln(stderr, "bench:", err)
-		return 1
+	for _, role := range []string{idleRole, scaleRole} {
+		if err := b.db.ensureRole(ctx, role); err != nil {
+			fmt.Fprintln(stderr, "bench:", err)
+			return 1
+		}
 	}
 
 	rep := report{Mode: mode, Started: b.start, Setups: setups, Machine: describeMachine(ctx, b.db)}
@@ -296,6 +336,9 @@ func runBench(o options, p plan, stdout, stderr io.Writer) int {
 			r.Summary = &sum
 		}
 		rep.Results = append(rep.Results, r)
+	}
+	for _, sc := range scales {
+		rep.Results = append(rep.Results, b.measureScale(ctx, sc))
 	}
 	for _, r := range rep.Results {
 		if r.Error != "" {

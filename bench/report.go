@@ -128,6 +128,14 @@ func evaluateTargets(results []Result) []target {
 			add("leader ≤ 1 statement per renew interval", r.Setup, 1, r.Values["leader_stmts_per_renew"], "statements/renew interval", true)
 		}
 	}
+	if r := find(results, scScaleNames, kindLease, false); r != nil {
+		names := fmt.Sprintf("%s names in one process", thousands(r.Values["names"]))
+		add(names+": one statement per renew round", r.Setup, 1, r.Values["statements_per_round"], "statements/round", true)
+		if r.Summary != nil {
+			add(names+": round p99 ≤ 50 ms", r.Setup, 50, r.Summary.P99, "ms", true)
+		}
+		add(names+": zero spurious losses", r.Setup, 0, r.Values["losses"], "losses", true)
+	}
 	return out
 }
 
@@ -348,6 +356,70 @@ func writeMarkdown(w io.Writer, rep *report) {
 		fmt.Fprintln(w)
 	}
 
+	if has(scScaleNames) {
+		fmt.Fprintln(w, "### Scale: many names in one process (lease strategy)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| Setup | Timing | Names | All led after | Window (machine's CPU busy) | Renewal statements per round (rounds split; window: statements ÷ window/RenewInterval) | Round latency (ms: p50 / p99 / max, n rounds) | Round, p50 (ms): calls arrive over; first call to statement; statement; outcomes handed out | Statement latency (ms: p50 / p99 / max; server mean) | Spurious losses (leading at end; server: leases held) | Statements per second (client / server) |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+		for i := range results {
+			r := &results[i]
+			if r.Scenario != scScaleNames {
+				continue
+			}
+			if r.Error != "" {
+				fmt.Fprintf(w, "| %s | %s | – | failed: %s ||||||||\n", r.Setup, timingCell(r.Timing, r.Kind), r.Error)
+				continue
+			}
+			v := r.Values
+			server := "–"
+			if _, ok := v["server_stmts_per_s"]; ok {
+				server = rate(v["server_stmts_per_s"])
+			}
+			stmt := fmt.Sprintf("%s / %s / %s", fmtMs(v["stmt_p50_ms"]), fmtMs(v["stmt_p99_ms"]), fmtMs(v["stmt_max_ms"]))
+			if m, ok := v["server_renew_mean_ms"]; ok {
+				stmt += fmt.Sprintf("; %s", fmtMs(m))
+			}
+			breakdown := fmt.Sprintf("%s; %s; %s; %s", fmtMs(v["round_spread_p50_ms"]), fmtMs(v["round_wait_p50_ms"]), fmtMs(v["stmt_p50_ms"]), fmtMs(v["round_hand_out_p50_ms"]))
+			fmt.Fprintf(w, "| %s | %s | %s | %.1f s (losses: %.0f meanwhile, %.0f before the window) | %s | %.2f (%.0f of %.0f split; %.0f ÷ %.1f) | %s | %s | %s | %.0f (%.0f; %.0f) | %s / %s |\n",
+				r.Setup, timingCell(r.Timing, r.Kind), thousands(v["names"]), v["lead_all_s"], v["startup_losses"], v["losses_before_window"], windowCell(v),
+				v["statements_per_round"], v["rounds_split"], v["rounds_observed"], v["renew_statements"], v["rounds"], latencyCell(r), breakdown, stmt,
+				v["losses"], v["leaders_at_end"], v["server_leases_held"], rate(v["client_stmts_per_s"]), server)
+		}
+		fmt.Fprintln(w)
+	}
+	if has(scScaleProcs) {
+		fmt.Fprintln(w, "### Scale: many processes campaigning for the same names (lease strategy)")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| Setup | Timing | Processes × names | All led after | Window (machine's CPU busy) | Leaders per name (min / max; server: leases held) | Leadership changes in the window (between every name led and the window) | Statements per second: all (client / server), per process (mean / max) | Leader statements per renew round, per leading process (mean / max; processes leading) | Follower statements per TTL, per follower Elector (mean / max of processes) | Process RSS (mean / max) |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+		for i := range results {
+			r := &results[i]
+			if r.Scenario != scScaleProcs {
+				continue
+			}
+			if r.Error != "" {
+				fmt.Fprintf(w, "| %s | %s | – | failed: %s ||||||||\n", r.Setup, timingCell(r.Timing, r.Kind), r.Error)
+				continue
+			}
+			v := r.Values
+			server := "–"
+			if _, ok := v["server_stmts_per_s"]; ok {
+				server = rate(v["server_stmts_per_s"])
+			}
+			rss := "–"
+			if _, ok := v["process_rss_mib_mean"]; ok {
+				rss = fmt.Sprintf("%.0f / %.0f MiB", v["process_rss_mib_mean"], v["process_rss_mib_max"])
+			}
+			fmt.Fprintf(w, "| %s | %s | %.0f × %.0f | %.1f s | %s | %.0f / %.0f; %.0f | %.0f (%.0f) | %s / %s; %s / %s | %.2f / %.2f; %.0f | %.2f / %.2f | %s |\n",
+				r.Setup, timingCell(r.Timing, r.Kind), v["processes"], v["names"], v["all_led_s"], windowCell(v),
+				v["leaders_per_name_min"], v["leaders_per_name_max"], v["server_leases_held"], v["leadership_changes"], v["changes_before_window"],
+				rate(v["client_stmts_per_s"]), server, rate(v["stmts_per_s_per_process"]), rate(v["stmts_per_s_per_process_max"]),
+				v["leader_stmts_per_round_mean"], v["leader_stmts_per_round_max"], v["leading_processes"],
+				v["follower_stmts_per_ttl"], v["follower_stmts_per_ttl_max"], rss)
+		}
+		fmt.Fprintln(w)
+	}
+
 	if len(rep.Targets) > 0 {
 		fmt.Fprintln(w, "### Targets (issue 6)")
 		fmt.Fprintln(w)
@@ -389,4 +461,22 @@ func firstWords(s string, n int) string {
 		f = f[:n]
 	}
 	return strings.Join(f, " ")
+}
+
+// thousands writes 10000 as 10,000.
+func thousands(v float64) string {
+	s := fmt.Sprintf("%.0f", v)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// windowCell is a scale measurement's window, with how busy the machine's
+// CPUs were meanwhile.
+func windowCell(v map[string]float64) string {
+	if b, ok := v["machine_cpu_busy"]; ok && b >= 0 {
+		return fmt.Sprintf("%.0f s (%.0f%%)", v["window_s"], 100*b)
+	}
+	return fmt.Sprintf("%.0f s", v["window_s"])
 }

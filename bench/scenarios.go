@@ -23,8 +23,11 @@ type Result struct {
 	Summary   *summary           `json:"summary_ms,omitempty"`
 	Values    map[string]float64 `json:"values,omitempty"`
 	Notes     []string           `json:"notes,omitempty"`
-	Error     string             `json:"error,omitempty"`
-	WallSec   float64            `json:"wall_s"`
+	// Rounds are the renew rounds of the scale measurement of one process
+	// with many names, each with its statements' latencies.
+	Rounds  []roundReport `json:"rounds,omitempty"`
+	Error   string        `json:"error,omitempty"`
+	WallSec float64       `json:"wall_s"`
 }
 
 // groupScenario measures something on a running group of candidates.

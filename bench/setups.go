@@ -116,6 +116,16 @@ type plan struct {
 	idleNAdvisory    int
 	herdN            int // followers woken at once by a release
 	herdTrials       int
+	// The scale measurements (lease strategy only): one process holding
+	// scaleNames names, and scaleProcs processes campaigning for the same
+	// scaleProcNames names, each at scaleTTL, over their windows.
+	withScale        bool
+	scaleTTL         time.Duration
+	scaleNames       int
+	scaleNamesWindow time.Duration
+	scaleProcs       int
+	scaleProcNames   int
+	scaleProcsWindow time.Duration
 }
 
 func quickPlan() plan {
@@ -125,6 +135,9 @@ func quickPlan() plan {
 		loadWindow: func(t timing) time.Duration { return 2 * t.TTL.D() },
 		idleN:      100, idleNAdvisory: 50,
 		herdN: 50, herdTrials: 3,
+		withScale: true, scaleTTL: 6 * time.Second,
+		scaleNames: 10_000, scaleNamesWindow: 30 * time.Second,
+		scaleProcs: 100, scaleProcNames: 100, scaleProcsWindow: 30 * time.Second,
 	}
 }
 
@@ -141,6 +154,9 @@ func fullPlan() plan {
 		withDefaults: true,
 		idleN:        1000, idleNAdvisory: 300,
 		herdN: 200, herdTrials: 20,
+		withScale: true, scaleTTL: 6 * time.Second,
+		scaleNames: 10_000, scaleNamesWindow: 5 * time.Minute,
+		scaleProcs: 100, scaleProcNames: 100, scaleProcsWindow: 2 * time.Minute,
 	}
 }
 

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc"
@@ -17,6 +19,20 @@ type counts struct {
 	Statements int64 `json:"statements"`
 	// Connects is the connections opened (pgx) or streams opened (etcd).
 	Connects int64 `json:"connects"`
+
+	// The scale processes (scaleTracer) also count their statements by
+	// kind, and say how many names they lead.
+	Renewals int64 `json:"renewals,omitempty"` // the lease store's batched renewals (SQL with unnest()
+	Acquires int64 `json:"acquires,omitempty"` // the lease store's acquire statements
+	Releases int64 `json:"releases,omitempty"` // the lease store's release statements
+	Leading  int64 `json:"leading,omitempty"`  // names this process leads now
+	Rounds   int64 `json:"rounds,omitempty"`   // renew rounds in which its Electors renewed
+	// The slowest renewal statement (the tracer's start, on a connection
+	// already held, to its end) and the slowest Renew call (from the
+	// Elector's timer: batching, waiting for a pool connection, the
+	// statement) since the previous counts.
+	MaxRenewStmtMs float64 `json:"max_renew_stmt_ms,omitempty"`
+	MaxRenewCallMs float64 `json:"max_renew_call_ms,omitempty"`
 }
 
 // statementCounter is a pgx tracer that counts statements and connects. It
@@ -100,4 +116,55 @@ type countedStream struct {
 func (s *countedStream) SendMsg(m any) error {
 	s.n.Add(1)
 	return s.ClientStream.SendMsg(m)
+}
+
+// Substrings that tell the lease store's statements apart (see
+// postgres/store.go): a round of renewals is one UPDATE ... FROM unnest(...),
+// an acquire is an INSERT ... ON CONFLICT in a CTE named granted, a release
+// an UPDATE in a CTE named released.
+const (
+	sqlRenewMark   = "unnest("
+	sqlAcquireMark = "WITH granted AS"
+	sqlReleaseMark = "WITH released AS"
+)
+
+// scaleTracer is the pgx tracer of a scale process: it counts every
+// statement like statementCounter, counts the lease store's statements by
+// kind, and times each renewal statement from the tracer's start (the
+// query is about to be sent) to its end (its rows have been read and
+// closed), calling onRenew.
+type scaleTracer struct {
+	statementCounter
+	renewals, acquires, releases atomic.Int64
+	onRenew                      func(start, end time.Time, err error)
+}
+
+type renewStartKey struct{}
+
+func (t *scaleTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	t.statements.Add(1)
+	switch {
+	case strings.Contains(data.SQL, sqlRenewMark):
+		t.renewals.Add(1)
+		if t.onRenew != nil {
+			return context.WithValue(ctx, renewStartKey{}, time.Now())
+		}
+	case strings.Contains(data.SQL, sqlAcquireMark):
+		t.acquires.Add(1)
+	case strings.Contains(data.SQL, sqlReleaseMark):
+		t.releases.Add(1)
+	}
+	return ctx
+}
+
+func (t *scaleTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if start, ok := ctx.Value(renewStartKey{}).(time.Time); ok && t.onRenew != nil {
+		t.onRenew(start, time.Now(), data.Err)
+	}
+}
+
+func (t *scaleTracer) snapshot() counts {
+	c := t.statementCounter.snapshot()
+	c.Renewals, c.Acquires, c.Releases = t.renewals.Load(), t.acquires.Load(), t.releases.Load()
+	return c
 }
