@@ -7,11 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/internal/electortest"
-	"github.com/leaderelect/leader/internal/fenced"
 	"github.com/leaderelect/leader/internal/history"
 	"github.com/leaderelect/leader/internal/pgtest"
 	"github.com/leaderelect/leader/internal/wallclock"
@@ -47,11 +44,8 @@ func TestWallClockJumps(t *testing.T) {
 // clockScenario is three Electors of one name on direct connections, whose
 // leaders write their term to a fenced register.
 type clockScenario struct {
-	cands    []*clockCandidate
-	reg      *fenced.Register
-	workPool *pgxpool.Pool
-	mu       sync.Mutex
-	written  map[uint64]int // accepted writes per term
+	cands []*clockCandidate
+	fence *fence
 }
 
 type clockCandidate struct {
@@ -63,15 +57,11 @@ type clockCandidate struct {
 
 func runClockScenario(t *testing.T, strategy string, trials int) result {
 	connString := pgtest.NewDatabase(t)
-	s := &clockScenario{workPool: pgtest.OpenPool(t, connString), written: map[uint64]int{}}
-	ctx := callCtx(t)
-	if err := postgres.Migrate(ctx, s.workPool, postgres.Options{}); err != nil {
+	workPool := pgtest.OpenPool(t, connString)
+	if err := postgres.Migrate(callCtx(t), workPool, postgres.Options{}); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	var err error
-	if s.reg, err = fenced.Setup(ctx, s.workPool, "fenced"); err != nil {
-		t.Fatal(err)
-	}
+	s := &clockScenario{fence: setupFence(t, workPool)}
 	dir := t.TempDir()
 	for i := range candidates {
 		s.cands = append(s.cands, s.start(t, dir, strategy, connString, fmt.Sprint("c", i)))
@@ -91,13 +81,7 @@ func runClockScenario(t *testing.T, strategy string, trials int) result {
 			t.Fatalf("trial %d: %s: Resign: %v", trial, cur.id, err)
 		}
 		next, nextTerm := s.nextLeader(t, term)
-		accepted, err := s.reg.Write(callCtx(t), s.workPool, resource, term, cur.id+"-late", "late")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if accepted {
-			t.Errorf("trial %d: a write with the deposed leader's term %d was accepted after term %d had written", trial, term, nextTerm)
-		}
+		s.fence.lateWrite(t, trial, cur.id, term, nextTerm)
 		cur, term = next, nextTerm
 	}
 
@@ -128,16 +112,7 @@ func runClockScenario(t *testing.T, strategy string, trials int) result {
 			}
 		}
 	}
-	ops := s.reg.History()
-	if ok, _ := fenced.CheckLinearizable(ops); !ok {
-		t.Errorf("the fenced register's history of %d operations is not linearizable", len(ops))
-	}
-	stale := staleAccepted(ops)
-	for _, op := range stale {
-		t.Errorf("a stale write was accepted: %v", op)
-	}
-	_, refused := countWrites(ops)
-	r.staleRefused, r.staleAccepted = refused, len(stale)
+	_, r.staleRefused, r.staleAccepted = s.fence.check(t)
 	return r
 }
 
@@ -185,7 +160,7 @@ func (s *clockScenario) start(t *testing.T, dir, strategy, connString, id string
 		Logger: testLogger(id),
 		OnElected: func(ctx context.Context) {
 			onElected(ctx)
-			s.work(t, ctx, id)
+			s.fence.work(t, ctx, id)
 		},
 		OnDemoted: onDemoted,
 	})
@@ -196,35 +171,6 @@ func (s *clockScenario) start(t *testing.T, dir, strategy, connString, id string
 	return c
 }
 
-// work writes the leader's term to the register every writeEvery until
-// leadership ends.
-func (s *clockScenario) work(t *testing.T, ctx context.Context, id string) {
-	term, _ := leader.TermFrom(ctx)
-	tick := time.NewTicker(writeEvery)
-	defer tick.Stop()
-	for i := 0; ; i++ {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		accepted, err := s.reg.Write(wctx, s.workPool, resource, term, id, fmt.Sprintf("%s/%d/%d", id, term, i))
-		cancel()
-		switch {
-		case err != nil:
-			t.Errorf("%s: %v", id, err)
-			return
-		case accepted:
-			s.mu.Lock()
-			s.written[term]++
-			s.mu.Unlock()
-		case ctx.Err() == nil:
-			t.Errorf("%s: write with term %d refused while it believes it leads", id, term)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
-}
-
 // nextLeader waits for a leader with a term above after that has written.
 func (s *clockScenario) nextLeader(t *testing.T, after uint64) (*clockCandidate, uint64) {
 	t.Helper()
@@ -232,40 +178,12 @@ func (s *clockScenario) nextLeader(t *testing.T, after uint64) (*clockCandidate,
 	var term uint64
 	electortest.Eventually(t, 4*ttl, fmt.Sprintf("a leader with a term above %d that has written", after), func() bool {
 		for _, c := range s.cands {
-			if st := c.e.Status(); st.IsLeader && st.Term > after {
-				s.mu.Lock()
-				n := s.written[st.Term]
-				s.mu.Unlock()
-				if n >= 3 {
-					cur, term = c, st.Term
-					return true
-				}
+			if st := c.e.Status(); st.IsLeader && st.Term > after && s.fence.written(st.Term) >= 3 {
+				cur, term = c, st.Term
+				return true
 			}
 		}
 		return false
 	})
 	return cur, term
-}
-
-// newStore returns a store of the strategy on pool, closed when t ends.
-func newStore(t *testing.T, strategy string, pool *pgxpool.Pool) leader.Store {
-	t.Helper()
-	switch strategy {
-	case "lease":
-		ls, err := postgres.NewLeaseStore(pool, postgres.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(ls.Close)
-		return ls
-	case "advisory":
-		as, err := postgres.NewAdvisoryStore(callCtx(t), pool, postgres.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(as.Close)
-		return as
-	}
-	t.Fatalf("unknown strategy %q", strategy)
-	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/internal/fenced"
+	"github.com/leaderelect/leader/postgres"
 )
 
 // fence is the fenced register (internal/fenced) that the leaders of a
@@ -162,4 +163,27 @@ func callCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// newStore returns a store of the strategy on pool, closed when t ends.
+func newStore(t *testing.T, strategy string, pool *pgxpool.Pool) leader.Store {
+	t.Helper()
+	switch strategy {
+	case "lease":
+		ls, err := postgres.NewLeaseStore(pool, postgres.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ls.Close)
+		return ls
+	case "advisory":
+		as, err := postgres.NewAdvisoryStore(callCtx(t), pool, postgres.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(as.Close)
+		return as
+	}
+	t.Fatalf("unknown strategy %q", strategy)
+	return nil
 }

@@ -297,25 +297,7 @@ func (s *databaseScenario) newCandidate(t *testing.T, dir, id string) *databaseC
 		t.Fatal(err)
 	}
 	t.Cleanup(c.pool.Close)
-	var store leader.Store
-	switch s.strategy {
-	case "lease":
-		ls, err := postgres.NewLeaseStore(c.pool, postgres.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(ls.Close)
-		store = ls
-	case "advisory":
-		as, err := postgres.NewAdvisoryStore(callCtx(t), c.pool, postgres.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(as.Close)
-		store = as
-	default:
-		t.Fatalf("unknown strategy %q", s.strategy)
-	}
+	store := newStore(t, s.strategy, c.pool)
 
 	if c.rec, err = history.Create(dir, election); err != nil {
 		t.Fatal(err)

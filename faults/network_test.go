@@ -220,25 +220,7 @@ func (s *scenario) newCandidate(t *testing.T, dir, strategy, id string) *candida
 	// The proxy is replaced by heal: stop whichever is current.
 	t.Cleanup(func() { c.proxy.Stop() })
 	pool := poolVia(t, s.connString, c.proxy.Listen)
-	var store leader.Store
-	switch strategy {
-	case "lease":
-		ls, err := postgres.NewLeaseStore(pool, postgres.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(ls.Close)
-		store = ls
-	case "advisory":
-		as, err := postgres.NewAdvisoryStore(callCtx(t), pool, postgres.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(as.Close)
-		store = as
-	default:
-		t.Fatalf("unknown strategy %q", strategy)
-	}
+	store := newStore(t, strategy, pool)
 
 	var err error
 	if c.rec, err = history.Create(dir, election); err != nil {
