@@ -1,7 +1,6 @@
 package faults_test
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -148,26 +147,7 @@ func (s *clockScenario) start(t *testing.T, dir, strategy, connString, id string
 	t.Helper()
 	c := &clockCandidate{id: id}
 	store := newStore(t, strategy, pgtest.OpenPool(t, connString))
-	var err error
-	if c.rec, err = history.Create(dir, election); err != nil {
-		t.Fatal(err)
-	}
-	onElected, onDemoted := c.rec.Hooks(id)
-	c.e, err = leader.New(c.rec.Store(store, id), leader.Config{
-		Name:   election,
-		ID:     id,
-		TTL:    ttl,
-		Logger: testLogger(id),
-		OnElected: func(ctx context.Context) {
-			onElected(ctx)
-			s.fence.work(t, ctx, id)
-		},
-		OnDemoted: onDemoted,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.stop = electortest.Run(t, c.e)
+	c.e, c.rec, c.stop = s.fence.startElector(t, dir, id, store, nil)
 	return c
 }
 

@@ -13,7 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
 	"github.com/leaderelect/leader/internal/fenced"
+	"github.com/leaderelect/leader/internal/history"
 	"github.com/leaderelect/leader/postgres"
 )
 
@@ -73,6 +75,34 @@ func (f *fence) work(t *testing.T, ctx context.Context, id string) {
 		case <-tick.C:
 		}
 	}
+}
+
+// startElector starts an Elector for id on store, recording its beliefs in
+// dir; while it leads it writes its term to f. metrics may be nil. The
+// Elector stops when stop is called or t ends.
+func (f *fence) startElector(t *testing.T, dir, id string, store leader.Store, metrics leader.Metrics) (e *leader.Elector, rec *history.Recorder, stop func()) {
+	t.Helper()
+	rec, err := history.Create(dir, election)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onElected, onDemoted := rec.Hooks(id)
+	e, err = leader.New(rec.Store(store, id), leader.Config{
+		Name:    election,
+		ID:      id,
+		TTL:     ttl,
+		Logger:  testLogger(id),
+		Metrics: metrics,
+		OnElected: func(ctx context.Context) {
+			onElected(ctx)
+			f.work(t, ctx, id)
+		},
+		OnDemoted: onDemoted,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, rec, electortest.Run(t, e)
 }
 
 // lateWrite makes a late write with the deposed leader id's term, as a

@@ -298,27 +298,7 @@ func (s *databaseScenario) newCandidate(t *testing.T, dir, id string) *databaseC
 	}
 	t.Cleanup(c.pool.Close)
 	store := newStore(t, s.strategy, c.pool)
-
-	if c.rec, err = history.Create(dir, election); err != nil {
-		t.Fatal(err)
-	}
-	onElected, onDemoted := c.rec.Hooks(id)
-	c.e, err = leader.New(c.rec.Store(store, id), leader.Config{
-		Name:    election,
-		ID:      id,
-		TTL:     ttl,
-		Logger:  testLogger(id),
-		Metrics: c.losses,
-		OnElected: func(ctx context.Context) {
-			onElected(ctx)
-			s.fence.work(t, ctx, id)
-		},
-		OnDemoted: onDemoted,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.stop = electortest.Run(t, c.e)
+	c.e, c.rec, c.stop = s.fence.startElector(t, dir, id, store, c.losses)
 	return c
 }
 

@@ -222,26 +222,7 @@ func (s *scenario) newCandidate(t *testing.T, dir, strategy, id string) *candida
 	pool := poolVia(t, s.connString, c.proxy.Listen)
 	store := newStore(t, strategy, pool)
 
-	var err error
-	if c.rec, err = history.Create(dir, election); err != nil {
-		t.Fatal(err)
-	}
-	onElected, onDemoted := c.rec.Hooks(id)
-	c.e, err = leader.New(c.rec.Store(store, id), leader.Config{
-		Name:   election,
-		ID:     id,
-		TTL:    ttl,
-		Logger: testLogger(id),
-		OnElected: func(ctx context.Context) {
-			onElected(ctx)
-			s.fence.work(t, ctx, id)
-		},
-		OnDemoted: onDemoted,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.stop = electortest.Run(t, c.e)
+	c.e, c.rec, c.stop = s.fence.startElector(t, dir, id, store, nil)
 	return c
 }
 
