@@ -118,7 +118,7 @@ func (ss *session) do(ctx context.Context, s *AdvisoryStore, connect bool, fn fu
 		err = fmt.Errorf("%w (%w)", err, errSessionDropped)
 	}
 	if ss.isHeld() {
-		ss.startReader()
+		ss.startReader(s.log)
 	}
 	return err
 }
@@ -191,9 +191,10 @@ func (ss *session) touch() {
 
 // startReader waits on the idle connection until haltReader, or until the
 // connection ends: the server's FATAL message (sent before it frees the
-// session's locks) or a broken connection marks the lease lost at once.
-// The caller holds turn.
-func (ss *session) startReader() {
+// session's locks) or a broken connection marks the lease lost at once,
+// and is logged at debug level (the record's time is when the store
+// learned of the loss). The caller holds turn.
+func (ss *session) startReader(log *slog.Logger) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	ss.stopReader, ss.readerDone = cancel, done
@@ -209,6 +210,8 @@ func (ss *session) startReader() {
 				continue // a notification; the session does not LISTEN, but never mind
 			default:
 				ss.markLost()
+				log.Debug("advisory session ended while idle; lease marked lost",
+					slog.String("election", ss.name), slog.Any("error", err))
 				return
 			}
 		}

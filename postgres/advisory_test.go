@@ -456,3 +456,42 @@ func mustRenew(t *testing.T, s leader.Store, name string, c leader.Candidate, te
 	}
 	return l
 }
+
+// TestAdvisoryLossWhileIdleIsLogged checks that the store marks an idle
+// holder's lease lost as soon as the server ends its session, and logs
+// when it learned of it (at debug level), so that a late step-down can be
+// told from a late notice.
+func TestAdvisoryLossWhileIdleIsLogged(t *testing.T) {
+	t.Parallel()
+	logs := &electortest.LogBuffer{}
+	pool := pgtest.NewPool(t)
+	s := setupAdvisory(t, pool, Options{
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	alice := candidate("alice")
+	held := mustGrant(t, s, "idle-loss", alice, 10*time.Second)
+	lost := s.Lost("idle-loss", alice.Token, held.Term)
+	var terminated bool
+	err := pool.QueryRow(callCtx(t),
+		`SELECT pg_terminate_backend(holder_pid) FROM leader_advisory WHERE name = 'idle-loss'`).Scan(&terminated)
+	if err != nil || !terminated {
+		t.Fatalf("pg_terminate_backend: %v, %v", terminated, err)
+	}
+	select {
+	case <-lost:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease is not marked lost 10s after the server ended the idle holder's session")
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("logs:\n%s", logs.String())
+		}
+	}()
+	electortest.Eventually(t, 5*time.Second, "the loss to be logged", func() bool {
+		out := logs.String()
+		return strings.Contains(out, "level=DEBUG") &&
+			strings.Contains(out, `msg="advisory session ended while idle; lease marked lost"`) &&
+			strings.Contains(out, "election=idle-loss") &&
+			strings.Contains(out, "terminating connection due to administrator command")
+	})
+}
