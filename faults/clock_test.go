@@ -99,10 +99,7 @@ func runClockScenario(t *testing.T, strategy string, trials int) result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := history.Check(evs, history.Bounds{MaxTakeover: 3 * ttl})
-	if !rep.OK() {
-		t.Errorf("the history of beliefs fails:\n%v", rep)
-	}
+	rep := checkBeliefs(t, evs, history.Bounds{MaxTakeover: 3 * ttl})
 	r := result{trials: trials, overlaps: len(rep.Overlaps), termRegressions: len(rep.TermRegressions)}
 	for _, tk := range rep.Takeovers {
 		for _, ft := range faultedTerms {

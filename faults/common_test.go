@@ -105,6 +105,18 @@ func (f *fence) startElector(t *testing.T, dir, id string, store leader.Store, m
 	return e, rec, electortest.Run(t, e)
 }
 
+// checkBeliefs checks the history of beliefs of this process's Electors:
+// any overlap, term regression or slow takeover fails the test, with what
+// the stall probe saw around each overlap.
+func checkBeliefs(t *testing.T, evs []history.Event, b history.Bounds) history.Report {
+	t.Helper()
+	rep := history.Check(evs, b)
+	if !rep.OK() {
+		t.Errorf("the history of beliefs fails (takeover bound %v):\n%v%s", b.MaxTakeover, rep, probe.explain(rep.Overlaps))
+	}
+	return rep
+}
+
 // lateWrite makes a late write with the deposed leader id's term, as a
 // leader that missed its demotion would make, after its successor's term
 // nextTerm has written: the fence must refuse it.

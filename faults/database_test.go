@@ -259,10 +259,7 @@ func (s *databaseScenario) check(t *testing.T, dir string, trials int, takenTerm
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := history.Check(evs, history.Bounds{MaxTakeover: maxTakeover})
-	if !rep.OK() {
-		t.Errorf("the history of beliefs fails (takeover bound %v):\n%v", maxTakeover, rep)
-	}
+	rep := checkBeliefs(t, evs, history.Bounds{MaxTakeover: maxTakeover})
 	r := result{trials: trials, overlaps: len(rep.Overlaps), termRegressions: len(rep.TermRegressions)}
 	for _, tk := range rep.Takeovers {
 		if slices.Contains(takenTerms, tk.From.Term) {

@@ -180,4 +180,17 @@
 // -v):
 //
 //	LEADER_SOAK=30m go test -race -count=1 -v -parallel 6 -timeout 60m ./faults
+//
+// # The stall probe
+//
+// The advisory strategy's safety after the server ends a holder's session
+// rests on the holder's process noticing the server's FATAL message within
+// TakeoverGrace (see postgres.AdvisoryStore): a process starved of CPU for
+// longer is in the position of a paused one. So the test process measures,
+// all along, how late it runs a goroutine woken by bytes on a loopback
+// socket (the path of that notice): every 5 ms one goroutine sends its
+// CLOCK_MONOTONIC reading to another. A failed history check reports the
+// late wake-ups around each overlap, and the soak prints how many came
+// later than TakeoverGrace. The probe excuses nothing: an overlap fails
+// its test whatever the probe saw.
 package faults

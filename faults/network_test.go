@@ -190,10 +190,7 @@ func (s *scenario) check(t *testing.T, dir string, faultedTerms []uint64) result
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := history.Check(evs, history.Bounds{MaxTakeover: s.fault.maxTakeover})
-	if !rep.OK() {
-		t.Errorf("the history of beliefs fails:\n%v", rep)
-	}
+	rep := checkBeliefs(t, evs, history.Bounds{MaxTakeover: s.fault.maxTakeover})
 	r := result{trials: len(faultedTerms), overlaps: len(rep.Overlaps), termRegressions: len(rep.TermRegressions)}
 	for _, tk := range rep.Takeovers {
 		if slices.Contains(faultedTerms, tk.From.Term) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/leaderelect/leader/internal/history"
 	"github.com/leaderelect/leader/internal/pgtest"
+	"github.com/leaderelect/leader/postgres"
 )
 
 // envSoak names the environment variable that turns soak mode on.
@@ -38,12 +39,33 @@ func TestMain(m *testing.M) {
 		}
 		soak = d
 	}
+	if os.Getenv(childURL) == "" { // not a candidate's process: see process_test.go
+		p, err := startStallProbe(postgres.DefaultTakeoverGrace)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		probe = p
+	}
 	start := time.Now()
-	code := pgtest.Run(m)
+	code := pgtest.Run(runThenStopProbe{m})
 	if soak > 0 {
-		fmt.Printf("\nFaults, soak of %v (ran %v):\n\n%s\n", soak, time.Since(start).Round(time.Second), suite.markdown())
+		fmt.Printf("\nFaults, soak of %v (ran %v):\n\n%s\n%s\n", soak, time.Since(start).Round(time.Second), suite.markdown(), probe.summary())
 	}
 	os.Exit(code)
+}
+
+// runThenStopProbe runs the tests, then stops the stall probe before
+// pgtest looks for leaked goroutines.
+type runThenStopProbe struct{ m *testing.M }
+
+func (r runThenStopProbe) Run() int {
+	defer func() {
+		if probe != nil {
+			probe.stop()
+		}
+	}()
+	return r.m.Run()
 }
 
 // result is what one scenario, or a tally of them, found.

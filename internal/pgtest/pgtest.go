@@ -67,8 +67,10 @@ var shared struct {
 func Main(m *testing.M) { os.Exit(Run(m)) }
 
 // Run is Main for a TestMain with work of its own to do afterwards: it
-// returns the exit code instead of exiting.
-func Run(m *testing.M) (code int) {
+// returns the exit code instead of exiting. m is a *testing.M, or a
+// wrapper of one whose Run also stops what the TestMain itself started, so
+// that it is not taken for a leak.
+func Run(m interface{ Run() int }) (code int) {
 	shared.mu.Lock()
 	shared.main = true
 	shared.mu.Unlock()
