@@ -96,7 +96,9 @@ import (
 // store's blocks in pg_advisory_lock_shared on the key while the lock is
 // held (costing the server nothing), is granted the moment the holder's
 // session ends, unlocks at once, and wakes the name's watchers. A follower
-// then needs one round trip to take the lock.
+// then needs one round trip to take the lock, or, if it comes while lock
+// waiters still hold the lock shared, a wait in the lock's queue behind
+// them (at most 100 ms) and a second round trip.
 //
 // # Keys
 //
@@ -352,12 +354,33 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 	// A refusal is reported as the lease stood when the statement began. If
 	// that view is not settled, look again: another candidate has taken the
 	// lock but its statement has not committed the row yet (locked but not
-	// held), or no one holds the lock and the attempt lost only to a lock
-	// waiter's shared lock, which it lets go within its statement.
+	// held), or no one holds the lock and the attempt lost only to lock
+	// waiters' shared locks. Every lock waiter (see Watch) is granted the
+	// lock shared when a holder goes, and lets it go within its statement,
+	// but on a busy server that takes a few milliseconds: the first time,
+	// queue for the lock behind them instead of polling (see queue).
+	queued := false
 	for attempt := 1; ; attempt++ {
-		r, err := s.grantOn(ctx, conn, ss, name, c, iv, ms, idle, every, hi, lo)
+		r, err := s.grantOn(ctx, conn, ss, name, c, s.sql.grant, iv, ms, idle, every, hi, lo)
 		if err != nil {
 			return leader.Lease{}, false, err
+		}
+		if !r.got && !r.locked && !queued {
+			queued = true
+			took, err := s.queue(ctx, conn, ss.key)
+			if err != nil {
+				return leader.Lease{}, false, err
+			}
+			if took {
+				// Holding the lock, in a statement of its own: its snapshot
+				// shows the row as the last holder left it.
+				if r, err = s.grantOn(ctx, conn, ss, name, c, s.sql.grantLocked, iv, ms, idle, every, hi, lo); err != nil {
+					return leader.Lease{}, false, errors.Join(errSessionReset, err)
+				}
+				if !r.got {
+					return leader.Lease{}, false, errors.Join(errSessionReset, errors.New("the lock, taken, is not held"))
+				}
+			}
 		}
 		if r.granted() && r.unreleased {
 			// Taken from a holder whose session ended without a release:
@@ -398,6 +421,29 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // not settled; the waits between add up to about 50 ms.
 const settleAttempts = 10
 
+// queueWait bounds how long a candidate waits in the lock's queue for lock
+// waiters to let go of it (see acquireOn). It is long enough for a busy
+// server to run the lock waiters' statements to their end, and short
+// enough that a candidate that lost to another one in the queue answers
+// soon.
+const queueWait = 100 * time.Millisecond
+
+// queue waits in the queue for the lock of key, on the session's
+// connection, for at most queueWait. It reports whether the session took
+// the lock; if it did not, the session holds nothing.
+func (s *AdvisoryStore) queue(ctx context.Context, conn *pgx.Conn, key int64) (bool, error) {
+	_, err := conn.Exec(ctx, s.sql.queue, key, strconv.FormatInt(queueWait.Milliseconds(), 10))
+	switch {
+	case err == nil:
+		return true, nil
+	case sqlState(err) == "55P03": // lock_not_available: another candidate was first
+		return false, nil
+	default:
+		// Whether the lock was taken is unknown: close the session.
+		return false, errors.Join(errSessionReset, err)
+	}
+}
+
 // grantResult is what the grant statement reports.
 type grantResult struct {
 	got                       bool
@@ -429,14 +475,15 @@ func (r grantResult) lease(name, holderID string, ttl time.Duration) leader.Leas
 	return l
 }
 
-// grantOn runs the grant statement once on conn, recording a grant in ss.
-func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate,
+// grantOn runs a grant statement, stmt (grant or grantLocked), once on
+// conn, recording a grant in ss.
+func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate, stmt string,
 	iv time.Duration, ms, idle, every string, hi, lo int64) (grantResult, error) {
 	var (
 		r grantResult
 		n int64
 	)
-	err := conn.QueryRow(ctx, s.sql.grant, name, ss.key, c.Token, c.ID, iv, ms, idle, every, s.opts.Channel, hi, lo).
+	err := conn.QueryRow(ctx, stmt, name, ss.key, c.Token, c.ID, iv, ms, idle, every, s.opts.Channel, hi, lo).
 		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased)
 	if err != nil {
 		if sqlState(err) == "23505" { // unique_violation: the key, taken by another name at the same moment

@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, regrant, renew, release, observe, held string
+	grant, grantLocked, queue, regrant, renew, release, observe, held string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -90,30 +90,10 @@ func observeRow(table, name, hi, lo string) string {
 	WHERE a.name = ` + name
 }
 
-func newAdvisoryStatements(table string) advisoryStatements {
-	// {t} is the table, {payload} the NOTIFY payload for the row's name.
-	fill := strings.NewReplacer("{t}", table, "{payload}", payload).Replace
-	return advisoryStatements{
-		// Grant, on a session that does not hold the lock: $1 name, $2 key,
-		// $3 token, $4 candidate ID, $5 ttl, $6 ttl in ms, $7 keepalive
-		// idle, $8 keepalive interval, $9 channel, $10 and $11 the key's
-		// halves.
-		//
-		// "lk" tries the lock (materialized, so it runs exactly once).
-		// "other" is another name already using the key: then nothing is
-		// granted, and the caller unlocks. "granted" bumps the term in the
-		// same statement, so the term grows at every grant and a grant
-		// without a term cannot happen; it takes the row over whatever it
-		// says, since holding the lock proves its holder is gone. The
-		// holder's settings, the wake-up and a durable commit
-		// (durableCommit) follow a grant. "cur" is the lease as it stood
-		// when the statement began, for a refused candidate; "previous"
-		// says whether the last holder left without a release (see
-		// Options.TakeoverGrace).
-		grant: fill(`
-WITH lk AS MATERIALIZED (
-	SELECT pg_try_advisory_lock($2) AS got
-), other AS (
+// grantTemplate is the grant statement, with {lock} the CTE "lk" that takes
+// the lock (see newAdvisoryStatements).
+var grantTemplate = `
+WITH {lock}, other AS (
 	SELECT a.name FROM {t} AS a WHERE a.key = $2 AND a.name <> $1 LIMIT 1
 ), previous AS (
 	SELECT a.holder_token IS NOT NULL AS unreleased FROM {t} AS a WHERE a.name = $1
@@ -142,7 +122,50 @@ SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
 	coalesce((SELECT unreleased FROM previous), false)
 FROM lk
 LEFT JOIN granted AS g ON true
-LEFT JOIN cur AS c ON true`),
+LEFT JOIN cur AS c ON true`
+
+func newAdvisoryStatements(table string) advisoryStatements {
+	// {t} is the table, {payload} the NOTIFY payload for the row's name.
+	fill := strings.NewReplacer("{t}", table, "{payload}", payload).Replace
+	return advisoryStatements{
+		// Grant, on a session that does not hold the lock: $1 name, $2 key,
+		// $3 token, $4 candidate ID, $5 ttl, $6 ttl in ms, $7 keepalive
+		// idle, $8 keepalive interval, $9 channel, $10 and $11 the key's
+		// halves.
+		//
+		// "lk" tries the lock (materialized, so it runs exactly once).
+		// "other" is another name already using the key: then nothing is
+		// granted, and the caller unlocks. "granted" bumps the term in the
+		// same statement, so the term grows at every grant and a grant
+		// without a term cannot happen; it takes the row over whatever it
+		// says, since holding the lock proves its holder is gone. The
+		// holder's settings, the wake-up and a durable commit
+		// (durableCommit) follow a grant. "cur" is the lease as it stood
+		// when the statement began, for a refused candidate; "previous"
+		// says whether the last holder left without a release (see
+		// Options.TakeoverGrace).
+		grant: fill(strings.Replace(grantTemplate, "{lock}", `lk AS MATERIALIZED (
+	SELECT pg_try_advisory_lock($2) AS got
+)`, 1)),
+
+		// Grant on a session that has just taken the lock (see queue):
+		// as grant, with the same parameters, but "lk" checks that this
+		// backend holds the lock instead of taking it. A statement of its
+		// own, so that its snapshot, taken after the lock, shows the row
+		// as the last holder left it.
+		grantLocked: fill(strings.Replace(grantTemplate, "{lock}", `lk AS MATERIALIZED (
+	SELECT EXISTS (`+heldBy("$10", "$11")+` AND l.pid = pg_backend_pid()) AS got
+)`, 1)),
+
+		// Queue for the lock: $1 key, $2 the longest wait, as a
+		// lock_timeout in ms (text). "lt" sets it for this statement's
+		// transaction only, before the wait begins. A wait that runs out
+		// fails the statement with SQLSTATE 55P03 (lock_not_available),
+		// holding nothing.
+		queue: `WITH lt AS MATERIALIZED (
+	SELECT set_config('lock_timeout', $2, true) AS v
+)
+SELECT pg_advisory_lock($1) IS NOT NULL FROM lt`,
 
 		// Re-grant to the holder, on its session: $1 name, $2 token, $3
 		// candidate ID, $4 ttl, $5 ttl in ms, $6 keepalive idle, $7

@@ -495,3 +495,140 @@ func TestAdvisoryLossWhileIdleIsLogged(t *testing.T) {
 			strings.Contains(out, "terminating connection due to administrator command")
 	})
 }
+
+// sharedHolder holds the advisory lock of key shared on a connection of its
+// own, as a lock waiter does for an instant after a holder goes (see
+// AdvisoryStore.Watch), until let go.
+type sharedHolder struct {
+	conn *pgxpool.Conn
+	key  int64
+}
+
+// holdShared takes the lock of key shared, waiting for an exclusive holder
+// to go first; it returns at once, and took is closed once it holds it.
+func holdShared(t *testing.T, pool *pgxpool.Pool, key int64) (h *sharedHolder, took chan struct{}) {
+	t.Helper()
+	conn, err := pool.Acquire(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	took = make(chan struct{})
+	go func() {
+		defer close(took)
+		if _, err := conn.Exec(context.Background(), "SELECT pg_advisory_lock_shared($1)", key); err != nil {
+			t.Errorf("pg_advisory_lock_shared: %v", err)
+		}
+	}()
+	return &sharedHolder{conn: conn, key: key}, took
+}
+
+// letGo lets the shared lock go, and the connection with it.
+func (h *sharedHolder) letGo(t *testing.T) {
+	t.Helper()
+	if _, err := h.conn.Exec(callCtx(t), "SELECT pg_advisory_unlock_shared($1)", h.key); err != nil {
+		t.Errorf("pg_advisory_unlock_shared: %v", err)
+	}
+	h.conn.Release()
+}
+
+// TestAdvisoryCandidateQueuesBehindLockWaiters checks that a candidate
+// that finds the lock free of any holder, but held shared by lock
+// waiters, waits for them in the lock's queue rather than giving up or
+// polling: it is granted as soon as they let go, if that is within
+// queueWait, and otherwise is refused with the lease free and its session
+// intact. Taken from a holder that did not release, the grant still waits
+// the TakeoverGrace.
+func TestAdvisoryCandidateQueuesBehindLockWaiters(t *testing.T) {
+	t.Parallel()
+	const grace = 300 * time.Millisecond
+	pool := pgtest.NewPool(t)
+	s := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	const ttl = time.Minute
+
+	t.Run("granted as soon as the lock waiters let go", func(t *testing.T) {
+		alice, bob := candidate("alice"), candidate("bob")
+		held := mustGrant(t, s, "queue", alice, ttl)
+		mustRelease(t, s, "queue", alice, held.Term)
+		w, took := holdShared(t, pool, s.Key("queue"))
+		<-took
+		const hold = 80 * time.Millisecond // longer than polling lasts, less than queueWait
+		time.AfterFunc(hold, func() { w.letGo(t) })
+		start := time.Now()
+		l, granted := mustAcquire(t, s, "queue", bob, ttl)
+		took2 := time.Since(start)
+		if !granted || l.Term != held.Term+1 || l.HolderID != "bob" {
+			t.Fatalf("Acquire after the lock waiters let go: %+v granted %v; want granted to bob with term %d", l, granted, held.Term+1)
+		}
+		if took2 < hold/2 || took2 >= grace {
+			t.Errorf("Acquire took %v; want about %v: the lock waiters' hold, and no TakeoverGrace (%v) after a release", took2, hold, grace)
+		}
+		mustRelease(t, s, "queue", bob, l.Term)
+	})
+
+	t.Run("refused with the lease free if they hold on longer than queueWait", func(t *testing.T) {
+		carol := candidate("carol")
+		w, took := holdShared(t, pool, s.Key("queue"))
+		<-took
+		start := time.Now()
+		l, granted := mustAcquire(t, s, "queue", carol, ttl)
+		took2 := time.Since(start)
+		if granted || l.Held() {
+			t.Fatalf("Acquire while the lock is held shared: %+v granted %v; want refused, with no holder", l, granted)
+		}
+		if took2 < queueWait {
+			t.Errorf("Acquire refused after %v, before queueWait (%v)", took2, queueWait)
+		}
+		pid := func() int32 {
+			ss, err := s.session("queue", carol.Token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pid int32
+			if err := ss.do(callCtx(t), s, false, func(conn *pgx.Conn) error {
+				pid = int32(conn.PgConn().PID())
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			return pid
+		}
+		before := pid()
+		w.letGo(t)
+		l, granted = mustAcquire(t, s, "queue", carol, ttl)
+		if !granted {
+			t.Fatalf("Acquire once the lock is free: %+v, not granted", l)
+		}
+		if after := pid(); after != before {
+			t.Errorf("the candidate's session changed (backend %d, then %d): a lock wait that runs out must leave it intact", before, after)
+		}
+	})
+
+	t.Run("taken from a holder that did not release, the grant waits the TakeoverGrace", func(t *testing.T) {
+		dave := candidate("dave")
+		// carol holds "queue" from the subtest before. A lock waiter
+		// queues behind her; her session ends; the waiter holds the lock
+		// shared for a while; dave tries meanwhile.
+		w, took := holdShared(t, pool, s.Key("queue"))
+		cur, err := s.Observe(callCtx(t), "queue")
+		if err != nil || cur.HolderID != "carol" {
+			t.Fatalf("Observe: %+v, %v; want carol holding", cur, err)
+		}
+		s.cutConnection(t, "queue")
+		select {
+		case <-took:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the lock waiter got nothing 10s after the holder's connection closed")
+		}
+		const hold = 80 * time.Millisecond
+		time.AfterFunc(hold, func() { w.letGo(t) })
+		start := time.Now()
+		l, granted := mustAcquire(t, s, "queue", dave, ttl)
+		took2 := time.Since(start)
+		if !granted || l.Term != cur.Term+1 {
+			t.Fatalf("Acquire: %+v granted %v; want granted with term %d", l, granted, cur.Term+1)
+		}
+		if took2 < grace {
+			t.Errorf("Acquire took %v, less than the TakeoverGrace (%v): a grant from a holder that did not release must wait it", took2, grace)
+		}
+	})
+}
