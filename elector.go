@@ -229,7 +229,15 @@ func (e *Elector) Run(ctx context.Context) error {
 	if e.cfg.OnNewLeader != nil {
 		wg.Go(func() { e.publishLoop(bgCtx) })
 	}
-	wake, err := e.store.Watch(bgCtx, e.cfg.Name)
+	var (
+		wake <-chan struct{}
+		err  error
+	)
+	if fw, ok := e.store.(FreeWatcher); ok {
+		wake, err = fw.WatchFree(bgCtx, e.cfg.Name)
+	} else {
+		wake, err = e.store.Watch(bgCtx, e.cfg.Name)
+	}
 	if err != nil {
 		e.log.Warn("store wake-ups unavailable; followers will wait for lease expiry", slog.Any("error", err))
 		wake = nil

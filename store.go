@@ -89,6 +89,21 @@ type Store interface {
 	Watch(ctx context.Context, name string) (<-chan struct{}, error)
 }
 
+// FreeWatcher is implemented by a Store that can wake a watcher only when
+// a lease may have become free: released, or its holder gone, but not
+// granted. The Elector's followers watch with WatchFree where the store
+// offers it, and with Store.Watch elsewhere. A grant ends no follower's
+// wait, and a follower that raced for the lease and lost has just learned
+// of the grant from its own Acquire: waking every follower again on the
+// grant would cost each one another attempt per handover.
+type FreeWatcher interface {
+	// WatchFree is Store.Watch without the wake-ups for grants: the
+	// channel receives a value soon after the lease for name is released
+	// (or, where the store can tell, its holder has gone). Values are
+	// coalesced and may be spurious. The channel is closed after ctx ends.
+	WatchFree(ctx context.Context, name string) (<-chan struct{}, error)
+}
+
 // LossNotifier is implemented by a Store that can learn that a lease is lost
 // before the holder's next renewal would find out: for example a store
 // whose lease is a lock held by a server session, which learns the moment

@@ -45,9 +45,16 @@ import (
 // returns. The contract lets a store that cannot deliver them at the moment
 // (for example behind a transaction-pooling proxy) keep its channels silent;
 // run the suite with the store in its normal mode.
+//
+// A store that implements leader.FreeWatcher (the suite asks the first
+// store newStore returns) must also pass the WatchFree subtests.
 func TestStore(t *testing.T, newStore func(t *testing.T) leader.Store) {
 	t.Helper()
-	for _, c := range conformanceCases {
+	cases := conformanceCases
+	if _, ok := newStore(t).(leader.FreeWatcher); ok {
+		cases = append(slices.Clip(cases), freeWatcherCases...)
+	}
+	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			c.run(t, newStore(t))
@@ -58,6 +65,9 @@ func TestStore(t *testing.T, newStore func(t *testing.T) leader.Store) {
 // Timing of the suite. Expiry tests use shortTTL; tests that must not see an
 // expiry use longTTL. Nothing is asserted to happen faster than waitTimeout.
 const (
+	// quietPeriod is how long a watch channel must stay empty for the
+	// wake-ups of an event to be taken as all delivered.
+	quietPeriod = 300 * time.Millisecond
 	shortTTL    = 400 * time.Millisecond
 	longTTL     = time.Minute
 	waitTimeout = 5 * time.Second
@@ -451,6 +461,13 @@ func testTermsGrow(t *testing.T, s leader.Store) {
 	grant(candidates[2], longTTL)
 }
 
+// freeWatcherCases are the subtests of a store that implements
+// leader.FreeWatcher.
+var freeWatcherCases = []conformanceCase{
+	{"a free-watcher wakes when the holder releases, and not when the lease is granted", testWatchFree},
+	{"a free-watch channel is closed after its context ends", testWatchFreeClosed},
+}
+
 // --- Watch ------------------------------------------------------------------
 
 func testWatchRelease(t *testing.T, s leader.Store) {
@@ -476,6 +493,79 @@ func testWatchGrant(t *testing.T, s leader.Store) {
 	ch2 := watch(t, s, t.Context(), name) // fresh, so only the next grant counts
 	mustGrant(t, s, name, bob, longTTL)
 	waitWake(t, ch2, "after a grant following a release")
+}
+
+func testWatchFree(t *testing.T, s leader.Store) {
+	fw := s.(leader.FreeWatcher)
+	name := newName()
+	alice, bob, carol := newCandidate("alice"), newCandidate("bob"), newCandidate("carol")
+	free, err := fw.WatchFree(t.Context(), name)
+	if err != nil {
+		t.Fatalf("WatchFree(%q): %v", name, err)
+	}
+	all := watch(t, s, t.Context(), name)
+	// A first handover, for the wake-ups a store may send once it starts
+	// delivering them (spurious ones are allowed); then quiet channels.
+	held := mustGrant(t, s, name, alice, longTTL)
+	mustRelease(t, s, name, alice, held.Term)
+	waitWake(t, free, "a free-watcher after the holder released")
+	waitWake(t, all, "a plain watcher after the holder released")
+	quiet(free, all)
+	for i, c := range []leader.Candidate{bob, carol} {
+		held := mustGrant(t, s, name, c, longTTL)
+		// Once the plain watcher has woken, the grant's wake-up has been
+		// delivered to every watcher it was meant for.
+		waitWake(t, all, "a plain watcher after a grant")
+		select {
+		case <-free:
+			t.Fatalf("grant %d woke a free-watcher; WatchFree must not wake on a grant", i+1)
+		default:
+		}
+		mustRelease(t, s, name, c, held.Term)
+		waitWake(t, free, "a free-watcher after the holder released")
+		// A store may wake its watchers more than once for a release
+		// (the PostgreSQL advisory store does: for its NOTIFY, then from
+		// its lock waiter); let every wake-up of this one arrive before
+		// the next grant.
+		quiet(free, all)
+	}
+}
+
+// quiet drains chs until they have stayed empty for quietPeriod.
+func quiet(chs ...<-chan struct{}) {
+	for _, ch := range chs {
+		timer := time.NewTimer(quietPeriod)
+		for drained := false; !drained; {
+			select {
+			case <-ch:
+				timer.Reset(quietPeriod)
+			case <-timer.C:
+				drained = true
+			}
+		}
+	}
+}
+
+func testWatchFreeClosed(t *testing.T, s leader.Store) {
+	name := newName()
+	ctx, cancel := context.WithCancel(t.Context())
+	ch, err := s.(leader.FreeWatcher).WatchFree(ctx, name)
+	if err != nil {
+		t.Fatalf("WatchFree(%q): %v", name, err)
+	}
+	cancel()
+	timer := time.NewTimer(waitTimeout)
+	defer timer.Stop()
+	for {
+		select {
+		case _, open := <-ch:
+			if !open {
+				return
+			}
+		case <-timer.C:
+			t.Fatalf("free-watch channel still open %v after its context ended", waitTimeout)
+		}
+	}
 }
 
 func testWatchTwoWatchers(t *testing.T, s leader.Store) {

@@ -16,7 +16,7 @@ import (
 type MemStore struct {
 	mu       sync.Mutex
 	leases   map[string]*memLease
-	watchers map[string]map[chan struct{}]struct{}
+	watchers map[string]map[chan struct{}]bool // channel → releases only
 }
 
 type memLease struct {
@@ -27,13 +27,16 @@ type memLease struct {
 	expiresAt  time.Time
 }
 
-var _ leader.Store = (*MemStore)(nil)
+var (
+	_ leader.Store       = (*MemStore)(nil)
+	_ leader.FreeWatcher = (*MemStore)(nil)
+)
 
 // NewMemStore returns an empty MemStore.
 func NewMemStore() *MemStore {
 	return &MemStore{
 		leases:   make(map[string]*memLease),
-		watchers: make(map[string]map[chan struct{}]struct{}),
+		watchers: make(map[string]map[chan struct{}]bool),
 	}
 }
 
@@ -76,7 +79,7 @@ func (s *MemStore) Acquire(ctx context.Context, name string, c leader.Candidate,
 		return l.report(name, now), false, nil
 	}
 	*l = memLease{holderID: c.ID, token: c.Token, term: l.term + 1, acquiredAt: now, expiresAt: now.Add(ttl)}
-	s.wakeLocked(name)
+	s.wakeLocked(name, true)
 	return l.report(name, now), true, nil
 }
 
@@ -108,7 +111,7 @@ func (s *MemStore) Release(ctx context.Context, name, token string, term uint64)
 		return fmt.Errorf("memstore: release %q term %d: %w", name, term, leader.ErrLeaseLost)
 	}
 	*l = memLease{term: l.term}
-	s.wakeLocked(name)
+	s.wakeLocked(name, false)
 	return nil
 }
 
@@ -126,17 +129,28 @@ func (s *MemStore) Observe(ctx context.Context, name string) (leader.Lease, erro
 	return l.report(name, time.Now()), nil
 }
 
-// Watch implements leader.Store.
+// Watch implements leader.Store: the channel receives a value when a
+// lease for name is granted or released.
 func (s *MemStore) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
+	return s.watch(ctx, name, false)
+}
+
+// WatchFree implements leader.FreeWatcher: the channel receives a value
+// when the lease for name is released, not when it is granted.
+func (s *MemStore) WatchFree(ctx context.Context, name string) (<-chan struct{}, error) {
+	return s.watch(ctx, name, true)
+}
+
+func (s *MemStore) watch(ctx context.Context, name string, freeOnly bool) (<-chan struct{}, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("memstore: watch %q: %w", name, err)
 	}
 	ch := make(chan struct{}, 1)
 	s.mu.Lock()
 	if s.watchers[name] == nil {
-		s.watchers[name] = make(map[chan struct{}]struct{})
+		s.watchers[name] = make(map[chan struct{}]bool)
 	}
-	s.watchers[name][ch] = struct{}{}
+	s.watchers[name][ch] = freeOnly
 	s.mu.Unlock()
 	context.AfterFunc(ctx, func() {
 		s.mu.Lock()
@@ -147,8 +161,13 @@ func (s *MemStore) Watch(ctx context.Context, name string) (<-chan struct{}, err
 	return ch, nil
 }
 
-func (s *MemStore) wakeLocked(name string) {
-	for ch := range s.watchers[name] {
+// wakeLocked wakes the watchers of name; for a grant, only those that
+// watch grants too.
+func (s *MemStore) wakeLocked(name string, granted bool) {
+	for ch, freeOnly := range s.watchers[name] {
+		if granted && freeOnly {
+			continue
+		}
 		select {
 		case ch <- struct{}{}:
 		default:

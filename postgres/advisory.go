@@ -138,6 +138,7 @@ type AdvisoryStore struct {
 var (
 	_ leader.Store        = (*AdvisoryStore)(nil)
 	_ leader.LossNotifier = (*AdvisoryStore)(nil)
+	_ leader.FreeWatcher  = (*AdvisoryStore)(nil)
 )
 
 // Timing of the advisory store.

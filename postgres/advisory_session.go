@@ -291,7 +291,21 @@ type lockWaiter struct {
 // Values are coalesced and may be spurious. The channel is closed after
 // ctx ends.
 func (s *AdvisoryStore) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
-	ch, err := s.wakeups.Watch(ctx, name)
+	return s.watch(ctx, name, false)
+}
+
+// WatchFree implements leader.FreeWatcher: it is Watch without the
+// wake-ups for grants. The channel receives a value soon after the lock
+// for name is released, and soon after its holder's session ends without
+// a release.
+func (s *AdvisoryStore) WatchFree(ctx context.Context, name string) (<-chan struct{}, error) {
+	return s.watch(ctx, name, true)
+}
+
+// watch registers a watcher of name (see wakeups.watch) and keeps a lock
+// waiter for name while anyone watches it.
+func (s *AdvisoryStore) watch(ctx context.Context, name string, freeOnly bool) (<-chan struct{}, error) {
+	ch, err := s.wakeups.watch(ctx, name, freeOnly)
 	if err != nil {
 		return nil, err
 	}
@@ -325,7 +339,7 @@ func (s *AdvisoryStore) Watch(ctx context.Context, name string) (<-chan struct{}
 func (s *AdvisoryStore) waitLoop(ctx context.Context, name string) {
 	sub := make(chan struct{}, 1) // grants and releases of name
 	s.wakeups.mu.Lock()
-	s.wakeups.addLocked(name, sub)
+	s.wakeups.addLocked(name, sub, false)
 	s.wakeups.mu.Unlock()
 	defer func() {
 		s.wakeups.mu.Lock()

@@ -109,7 +109,7 @@ WITH {lock}, other AS (
 ), armed AS (
 	SELECT ` + holderSettings("$6", "$7", "$8") + ` FROM granted
 ), notified AS (
-	SELECT pg_notify($9, {payload}) FROM granted
+	SELECT pg_notify($9, {grant}) FROM granted
 ), durable AS (
 	SELECT ` + durableCommit + ` FROM granted
 ), cur AS (
@@ -125,8 +125,9 @@ LEFT JOIN granted AS g ON true
 LEFT JOIN cur AS c ON true`
 
 func newAdvisoryStatements(table string) advisoryStatements {
-	// {t} is the table, {payload} the NOTIFY payload for the row's name.
-	fill := strings.NewReplacer("{t}", table, "{payload}", payload).Replace
+	// {t} is the table, {grant} and {release} the NOTIFY payloads of a
+	// grant and a release of the row's name.
+	fill := strings.NewReplacer("{t}", table, "{grant}", grantPayload, "{release}", releasePayload).Replace
 	return advisoryStatements{
 		// Grant, on a session that does not hold the lock: $1 name, $2 key,
 		// $3 token, $4 candidate ID, $5 ttl, $6 ttl in ms, $7 keepalive
@@ -182,7 +183,7 @@ WITH granted AS (
 ), armed AS (
 	SELECT ` + holderSettings("$5", "$6", "$7") + ` FROM granted
 ), notified AS (
-	SELECT pg_notify($8, {payload}) FROM granted
+	SELECT pg_notify($8, {grant}) FROM granted
 ), durable AS (
 	SELECT ` + durableCommit + ` FROM granted
 )
@@ -227,7 +228,7 @@ WITH released AS (
 ), disarmed AS (
 	SELECT ` + followerSettings + ` FROM released
 ), notified AS (
-	SELECT pg_notify($5, {payload}) FROM released
+	SELECT pg_notify($5, {release}) FROM released
 )
 SELECT (SELECT count(*) FROM unlocked WHERE ok),
 	(SELECT count(*) FROM disarmed) + (SELECT count(*) FROM notified)`),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,7 +37,7 @@ type wakeups struct {
 	log     *slog.Logger
 
 	mu       sync.Mutex
-	watchers map[string]map[chan struct{}]struct{}
+	watchers map[string]map[chan struct{}]bool // channel → freeOnly
 	closed   bool
 	stop     context.CancelFunc // stops the listener; nil until the first Watch
 	stopped  chan struct{}      // closed when the listener has returned
@@ -54,7 +55,7 @@ func newWakeups(config *pgx.ConnConfig, opts Options, what string) wakeups {
 		channel:   opts.Channel,
 		what:      what,
 		log:       opts.Logger.With(slog.String("channel", opts.Channel)),
-		watchers:  make(map[string]map[chan struct{}]struct{}),
+		watchers:  make(map[string]map[chan struct{}]bool),
 		pingEvery: listenPingEvery,
 	}
 }
@@ -74,16 +75,31 @@ func newWakeups(config *pgx.ConnConfig, opts Options, what string) wakeups {
 // good: followers then wake at the expiry Acquire reported. After Close the
 // channels stay silent too, and Watch returns an error wrapping ErrClosed.
 func (w *wakeups) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
+	return w.watch(ctx, name, false)
+}
+
+// WatchFree implements leader.FreeWatcher: it is Watch without the wake-ups
+// for grants.
+func (w *wakeups) WatchFree(ctx context.Context, name string) (<-chan struct{}, error) {
+	return w.watch(ctx, name, true)
+}
+
+// watch registers a watcher of name, of its releases only if freeOnly.
+func (w *wakeups) watch(ctx context.Context, name string, freeOnly bool) (<-chan struct{}, error) {
+	op := "watch"
+	if freeOnly {
+		op = "watch free"
+	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("postgres: %s: %w", call("watch", name), err)
+		return nil, fmt.Errorf("postgres: %s: %w", call(op, name), err)
 	}
 	ch := make(chan struct{}, 1)
 	w.mu.Lock()
 	if w.closed {
 		w.mu.Unlock()
-		return nil, fmt.Errorf("postgres: %s: %w", call("watch", name), ErrClosed)
+		return nil, fmt.Errorf("postgres: %s: %w", call(op, name), ErrClosed)
 	}
-	w.addLocked(name, ch)
+	w.addLocked(name, ch, freeOnly)
 	if w.stop == nil {
 		// The watcher is registered before the listener starts, so the
 		// wake-up it sends once listening reaches this watcher, covering
@@ -103,13 +119,15 @@ func (w *wakeups) Watch(ctx context.Context, name string) (<-chan struct{}, erro
 	return ch, nil
 }
 
-func (w *wakeups) addLocked(name string, ch chan struct{}) {
+// addLocked registers ch as a watcher of name, woken for releases only if
+// freeOnly, and for grants and releases otherwise.
+func (w *wakeups) addLocked(name string, ch chan struct{}, freeOnly bool) {
 	set := w.watchers[name]
 	if set == nil {
-		set = make(map[chan struct{}]struct{})
+		set = make(map[chan struct{}]bool)
 		w.watchers[name] = set
 	}
-	set[ch] = struct{}{}
+	set[ch] = freeOnly
 }
 
 func (w *wakeups) removeLocked(name string, ch chan struct{}) {
@@ -136,20 +154,57 @@ func (w *wakeups) Close() {
 	}
 }
 
-// wake wakes the watchers of the name in payload, or all watchers for an
-// empty payload (see maxPayloadLength).
-func (w *wakeups) wake(payload string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if payload == "" {
+// notified wakes the watchers of the notification payload (see
+// parsePayload).
+func (w *wakeups) notified(payload string) {
+	name, granted := parsePayload(payload)
+	if name == "" {
+		w.mu.Lock()
+		defer w.mu.Unlock()
 		w.wakeAllLocked()
 		return
 	}
-	for ch := range w.watchers[payload] {
+	w.wakeName(name, granted)
+}
+
+// wake wakes every watcher of name: its lease may have become free.
+func (w *wakeups) wake(name string) { w.wakeName(name, false) }
+
+// wakeName wakes the watchers of name; for a grant, only those that
+// watch grants too.
+func (w *wakeups) wakeName(name string, granted bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch, freeOnly := range w.watchers[name] {
+		if granted && freeOnly {
+			continue
+		}
 		select {
 		case ch <- struct{}{}:
 		default: // a value is pending already; coalesce
 		}
+	}
+}
+
+// The stores' NOTIFY payloads: a release of name is sent as name itself
+// (releaseEvent), or as "~r" followed by name if name begins with '~'; a
+// grant as "~g" followed by name (grantEvent). A name too long for a
+// payload is sent as the empty payload, which wakes every watcher.
+const (
+	payloadGrant   = "~g"
+	payloadRelease = "~r"
+)
+
+// parsePayload returns the election name of a NOTIFY payload, and whether
+// the event was a grant; name is empty for the empty payload.
+func parsePayload(payload string) (name string, granted bool) {
+	switch {
+	case strings.HasPrefix(payload, payloadGrant):
+		return payload[len(payloadGrant):], true
+	case strings.HasPrefix(payload, payloadRelease):
+		return payload[len(payloadRelease):], false
+	default:
+		return payload, false
 	}
 }
 
@@ -245,7 +300,7 @@ func (w *wakeups) listenOnce(ctx context.Context, recovering bool) (listened boo
 		cancel()
 		switch {
 		case err == nil:
-			w.wake(n.Payload)
+			w.notified(n.Payload)
 		case ctx.Err() != nil:
 			return true, ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/internal/pgtest"
 )
 
@@ -243,5 +244,101 @@ func TestListenerChecksAQuietConnection(t *testing.T) {
 	case again := <-b.listening:
 		t.Fatalf("the listener reconnected (backend %d, then %d); pings must not break it", pid, again)
 	default:
+	}
+}
+
+func TestParsePayload(t *testing.T) {
+	for _, c := range []struct {
+		payload, name string
+		granted       bool
+	}{
+		{"jobs", "jobs", false},
+		{"~gjobs", "jobs", true},
+		{"~rjobs", "jobs", false},
+		{"~r~jobs", "~jobs", false},
+		{"~g~jobs", "~jobs", true},
+		{"~", "~", false},
+		{"", "", false},
+	} {
+		name, granted := parsePayload(c.payload)
+		if name != c.name || granted != c.granted {
+			t.Errorf("parsePayload(%q) = %q, %v; want %q, %v", c.payload, name, granted, c.name, c.granted)
+		}
+	}
+}
+
+// TestWatchFreeSkipsGrants checks, for both stores, names that begin with
+// the payloads' marker and a name too long for a payload, that a
+// free-watcher wakes on a release and not on a grant, while a plain
+// watcher wakes on both.
+func TestWatchFreeSkipsGrants(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	advisory := setupAdvisory(t, b.pool, Options{})
+	advisory.onListen = b.store.onListen // both report to b.listening
+	for _, st := range []struct {
+		strategy string
+		store    interface {
+			leader.Store
+			leader.FreeWatcher
+		}
+	}{{"lease", b.store}, {"advisory", advisory}} {
+		for i, name := range []string{"free", "~free", "~g", "~r", strings.Repeat("n", 9000)} {
+			s := st.store
+			free, err := s.WatchFree(t.Context(), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all, err := s.Watch(t.Context(), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				// The listener starts with the first watcher, and wakes
+				// every watcher once it listens; then the channels are
+				// quiet until the next event.
+				waitListening(t, b)
+				drain(free)
+				drain(all)
+			}
+			long := len(name) > maxPayloadLength-2 // sent as the empty payload: every watcher wakes
+			alice := candidate("alice")
+			for range 3 {
+				l := mustGrant(t, s, name, alice, time.Minute)
+				waitWake(t, all, "a plain watcher after a grant")
+				select {
+				case <-free:
+					if !long {
+						t.Fatalf("%s %.10q: a grant woke a free-watcher", st.strategy, name)
+					}
+				default:
+					if long {
+						t.Fatalf("%s %.10q: a grant of a name too long for a payload did not wake a free-watcher", st.strategy, name)
+					}
+				}
+				mustRelease(t, s, name, alice, l.Term)
+				waitWake(t, free, "a free-watcher after a release")
+				waitWake(t, all, "a plain watcher after a release")
+				// The advisory store wakes its watchers twice for a
+				// release: for its NOTIFY, then from its lock waiter.
+				quiet(free)
+				quiet(all)
+			}
+		}
+	}
+}
+
+// quiet drains ch until it has stayed empty for 300 ms.
+func quiet(ch <-chan struct{}) {
+	const period = 300 * time.Millisecond
+	timer := time.NewTimer(period)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ch:
+			timer.Reset(period)
+		case <-timer.C:
+			return
+		}
 	}
 }

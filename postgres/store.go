@@ -128,8 +128,12 @@
 //
 // [LeaseStore.Watch] is served by one dedicated connection per store,
 // opened from the pool's configuration (it is not taken from the pool),
-// that LISTENs on Options.Channel; the notifications' payload is the
-// election name. If that connection breaks it is opened again with backoff,
+// that LISTENs on Options.Channel; each notification's payload names the
+// election and whether it was a grant or a release (see Options.Channel).
+// [LeaseStore.WatchFree], which the Elector's followers use, skips the
+// grants: a follower that raced for the lease and lost learned of the
+// grant from its own attempt, so each handover costs each follower one
+// attempt, not two. If that connection breaks it is opened again with backoff,
 // and every watcher is then woken once, since it may have missed a
 // notification meanwhile. Where LISTEN cannot work (a server that refuses it,
 // or a transaction-pooling proxy in front of the server, where it is
@@ -223,8 +227,10 @@ type Options struct {
 	// any valid UTF-8 but NUL (it is always quoted).
 	MessageTable string
 
-	// Channel is the LISTEN/NOTIFY channel for the stores' wake-ups (the
-	// payload is the election name). Default "<schema>.<table>" (for
+	// Channel is the LISTEN/NOTIFY channel for the stores' wake-ups. The
+	// payload of a release is the election name ("~r" and the name, for a
+	// name that begins with '~'); that of a grant is "~g" and the name; a
+	// name too long for a payload is sent as the empty payload. Default "<schema>.<table>" (for
 	// example "public.leader_leases"), or, when that is longer than 63
 	// bytes, "leader_" followed by 16 hex digits of its SHA-256. At most 63
 	// bytes.
@@ -383,7 +389,10 @@ type LeaseStore struct {
 	renewals *renewBatcher
 }
 
-var _ leader.Store = (*LeaseStore)(nil)
+var (
+	_ leader.Store       = (*LeaseStore)(nil)
+	_ leader.FreeWatcher = (*LeaseStore)(nil)
+)
 
 // NewLeaseStore returns a LeaseStore on the lease table that Migrate created
 // with the same opts, or an *OptionsError if opts break a rule. It does not
@@ -417,8 +426,14 @@ type statements struct {
 // held is the SQL condition for a row of l that has a holder at c.now.
 const held = `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`
 
-// payload is the SQL expression for the NOTIFY payload of row name.
-var payload = fmt.Sprintf(`CASE WHEN octet_length(name) <= %d THEN name ELSE '' END`, maxPayloadLength)
+// releasePayload and grantPayload are the SQL expressions for the NOTIFY
+// payloads of a release and of a grant of row name (see parsePayload).
+var (
+	releasePayload = fmt.Sprintf(`CASE WHEN octet_length(name) > %d THEN ''
+		WHEN left(name, 1) = '~' THEN '%s' || name ELSE name END`, maxPayloadLength-len(payloadRelease), payloadRelease)
+	grantPayload = fmt.Sprintf(`CASE WHEN octet_length(name) > %d THEN '' ELSE '%s' || name END`,
+		maxPayloadLength-len(payloadGrant), payloadGrant)
+)
 
 func newStatements(table string) statements {
 	return statements{
@@ -464,7 +479,7 @@ UNION ALL
 SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, l.expires_at,
 	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0
 FROM existing AS l, clock_timestamp() AS c(now)
-WHERE NOT EXISTS (SELECT FROM granted)`, table, payload, held, durableCommit),
+WHERE NOT EXISTS (SELECT FROM granted)`, table, grantPayload, held, durableCommit),
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired
@@ -497,7 +512,7 @@ WITH released AS (
 ), notified AS (
 	SELECT pg_notify($4, %[2]s) FROM released
 )
-SELECT count(*) FROM notified`, table, payload),
+SELECT count(*) FROM notified`, table, releasePayload),
 
 		// Observe: $1 name.
 		observe: fmt.Sprintf(`

@@ -207,6 +207,7 @@ type RecordingStore struct {
 var (
 	_ leader.Store        = (*RecordingStore)(nil)
 	_ leader.LossNotifier = (*RecordingStore)(nil)
+	_ leader.FreeWatcher  = (*RecordingStore)(nil)
 )
 
 // Acquire implements leader.Store.
@@ -267,6 +268,15 @@ func (s *RecordingStore) Observe(ctx context.Context, name string) (leader.Lease
 
 // Watch implements leader.Store.
 func (s *RecordingStore) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
+	return s.store.Watch(ctx, name)
+}
+
+// WatchFree implements leader.FreeWatcher with the store's WatchFree, or
+// its Watch if it has none.
+func (s *RecordingStore) WatchFree(ctx context.Context, name string) (<-chan struct{}, error) {
+	if fw, ok := s.store.(leader.FreeWatcher); ok {
+		return fw.WatchFree(ctx, name)
+	}
 	return s.store.Watch(ctx, name)
 }
 
