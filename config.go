@@ -71,9 +71,11 @@ type Config struct {
 	// the lease was free but another candidate won it), and how long an
 	// instance sits out after losing or resigning leadership before it
 	// campaigns again, so that healthy candidates get the lease first.
-	// Followers otherwise wake at the expiry the store reported, or at once
-	// when the store signals a release. Default RenewInterval; more than 0
-	// and at most TTL.
+	// Followers otherwise wake a moment after the expiry the store reported
+	// (RenewInterval/10, at most 25ms, plus a little jitter: the leader's
+	// renewals fall on its lease's expiry, and an attempt just before one
+	// would have to be made again), or at once when the store signals a
+	// release. Default RenewInterval; more than 0 and at most TTL.
 	RetryInterval time.Duration
 
 	// DriftMargin is subtracted from the leader's local deadline to cover

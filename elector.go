@@ -328,7 +328,7 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 			failures = 0
 			e.observe(lease)
 			if lease.Held() {
-				wait = lease.Remaining + e.jitter()
+				wait = lease.Remaining + e.expiryLag() + e.jitter()
 			} else {
 				wait = e.cfg.RetryInterval + e.jitter() // lost a race for a free lease
 			}
@@ -338,6 +338,16 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 		}
 		timer.Reset(wait)
 	}
+}
+
+// expiryLag is how long after a reported expiry a follower tries. The
+// leader's renewals fall on a grid whose period divides the TTL by default,
+// so the expiry a follower learned is also when the leader renews: an
+// attempt that reached the store just before that renewal would find the
+// lease still held for an instant, and have to try again. Waiting a little
+// longer than a renewal takes makes one attempt per TTL the rule.
+func (e *Elector) expiryLag() time.Duration {
+	return min(e.cfg.RenewInterval/10, 25*time.Millisecond)
 }
 
 // jitter spreads followers' attempts a little so they do not all hit the
