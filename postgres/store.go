@@ -97,6 +97,13 @@
 // whatever their number; one that holds a single name sends each renewal
 // at once, as before.
 //
+// A follower sends one statement per TTL, but pgxpool pings a connection
+// that was idle for a second or more before handing it out, so with the
+// default pool each attempt is two round trips. Where that matters (many
+// followers), set the pool's Config.ShouldPing to ping less often, for
+// example only connections idle for longer than the TTL; a connection that
+// died meanwhile then fails one call, which the Elector retries.
+//
 // # Durability
 //
 // A grant or a renewal that the server acknowledged and then lost in a
