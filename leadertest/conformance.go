@@ -554,18 +554,7 @@ func testWatchFreeClosed(t *testing.T, s leader.Store) {
 		t.Fatalf("WatchFree(%q): %v", name, err)
 	}
 	cancel()
-	timer := time.NewTimer(waitTimeout)
-	defer timer.Stop()
-	for {
-		select {
-		case _, open := <-ch:
-			if !open {
-				return
-			}
-		case <-timer.C:
-			t.Fatalf("free-watch channel still open %v after its context ended", waitTimeout)
-		}
-	}
+	waitClosed(t, ch, "free-watch channel")
 }
 
 func testWatchTwoWatchers(t *testing.T, s leader.Store) {
@@ -626,6 +615,13 @@ func testWatchClosed(t *testing.T, s leader.Store) {
 	ctx, cancel := context.WithCancel(t.Context())
 	ch := watch(t, s, ctx, name)
 	cancel()
+	waitClosed(t, ch, "watch channel")
+}
+
+// waitClosed waits for ch, whose context has ended, to be closed, reading
+// any value still pending.
+func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
 	timer := time.NewTimer(waitTimeout)
 	defer timer.Stop()
 	for {
@@ -635,7 +631,7 @@ func testWatchClosed(t *testing.T, s leader.Store) {
 				return
 			}
 		case <-timer.C:
-			t.Fatalf("watch channel not closed %v after its context ended", waitTimeout)
+			t.Fatalf("%s not closed %v after its context ended", what, waitTimeout)
 		}
 	}
 }
