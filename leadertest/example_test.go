@@ -67,3 +67,31 @@ func ExampleMemStore() {
 	// Run returned: <nil>
 	// held after Run: false
 }
+
+// A free-watcher wakes when a lease is released, not when it is granted:
+// the Elector's followers watch this way, so a handover costs each of them
+// one attempt.
+func ExampleMemStore_WatchFree() {
+	store := leadertest.NewMemStore()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	free, _ := store.WatchFree(ctx, "nightly-report")
+	all, _ := store.Watch(ctx, "nightly-report")
+	woken := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+
+	alice := leader.Candidate{ID: "alice", Token: "alice-token"}
+	l, _, _ := store.Acquire(ctx, "nightly-report", alice, time.Minute)
+	fmt.Println("after the grant:", woken(free), woken(all))
+	_ = store.Release(ctx, "nightly-report", alice.Token, l.Term)
+	fmt.Println("after the release:", woken(free), woken(all))
+	// Output:
+	// after the grant: false true
+	// after the release: true true
+}
