@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/leaderelect/leader/internal/history"
 	"github.com/leaderelect/leader/internal/pgtest"
 	"github.com/leaderelect/leader/postgres"
@@ -48,7 +50,13 @@ func TestMain(m *testing.M) {
 		probe = p
 	}
 	start := time.Now()
-	code := pgtest.Run(runThenStopProbe{m})
+	// toxiproxy v2.12 can leave a link's no-op toxic blocked for good on
+	// its output when the proxy is stopped (see heal) while the link
+	// carries data its writer, already gone, will never read: a goroutine
+	// of toxiproxy's that nothing of ours can end. Seen once in a
+	// 30-minute soak.
+	code := pgtest.Run(runThenStopProbe{m},
+		goleak.IgnoreTopFunction("github.com/Shopify/toxiproxy/v2/toxics.(*NoopToxic).Pipe"))
 	if soak > 0 {
 		fmt.Printf("\nFaults, soak of %v (ran %v):\n\n%s\n%s\n", soak, time.Since(start).Round(time.Second), suite.markdown(), probe.summary())
 	}

@@ -69,8 +69,9 @@ func Main(m *testing.M) { os.Exit(Run(m)) }
 // Run is Main for a TestMain with work of its own to do afterwards: it
 // returns the exit code instead of exiting. m is a *testing.M, or a
 // wrapper of one whose Run also stops what the TestMain itself started, so
-// that it is not taken for a leak.
-func Run(m interface{ Run() int }) (code int) {
+// that it is not taken for a leak. ignore is passed to goleak: for
+// goroutines of a test dependency that the package's tests cannot stop.
+func Run(m interface{ Run() int }, ignore ...goleak.Option) (code int) {
 	shared.mu.Lock()
 	shared.main = true
 	shared.mu.Unlock()
@@ -91,7 +92,7 @@ func Run(m interface{ Run() int }) (code int) {
 		}
 	}
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := goleak.Find(ignore...); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: goroutines leaked by the tests: %v\n", err)
 			code = 1
 		}
