@@ -1,10 +1,14 @@
 package postgres
 
 import (
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
 	"github.com/leaderelect/leader/internal/pgtest"
 )
 
@@ -98,4 +102,58 @@ func TestMigrateQuotesOddSchemaAndTableNames(t *testing.T) {
 	if o, err := s.Observe(callCtx(t), "n"); err != nil || o.Term != l.Term || o.Held() {
 		t.Fatalf("Observe after release: %+v, %v", o, err)
 	}
+}
+
+// TestLeaseTableLeavesRoomForRenewals checks that the lease table is
+// created with fillfactor 50, so that renewals are heap-only updates, and
+// that they are: a round of renewals of many leases writes no index entry.
+func TestLeaseTableLeavesRoomForRenewals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var opts []string
+	if err := b.pool.QueryRow(callCtx(t), `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'public.leader_leases'::regclass`).Scan(&opts); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(opts, "fillfactor=50") {
+		t.Fatalf("lease table options %v; want fillfactor=50", opts)
+	}
+	const names = 500
+	type held struct {
+		name string
+		c    leader.Candidate
+		term uint64
+	}
+	var hs []held
+	for i := range names {
+		c := candidate("alice")
+		name := fmt.Sprint("room-", i)
+		hs = append(hs, held{name, c, mustGrant(t, b.store, name, c, time.Minute).Term})
+	}
+	stats := func() (upd, hot int64) {
+		// The statistics collector reports a backend's counts when its
+		// transaction ends; pg_stat_force_next_flush makes it now.
+		if _, err := b.pool.Exec(callCtx(t), "SELECT pg_stat_force_next_flush()"); err != nil {
+			t.Logf("pg_stat_force_next_flush: %v (older server)", err)
+		}
+		if err := b.pool.QueryRow(callCtx(t), `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'public.leader_leases'::regclass`).Scan(&upd, &hot); err != nil {
+			t.Fatal(err)
+		}
+		return upd, hot
+	}
+	for range 3 { // rounds of renewals, as a process holding every name sends
+		var wg sync.WaitGroup
+		for _, h := range hs {
+			wg.Go(func() { mustRenew(t, b.store, h.name, h.c, h.term, time.Minute) })
+		}
+		wg.Wait()
+	}
+	electortest.Eventually(t, 10*time.Second, "the renewals to show in pg_stat_user_tables", func() bool {
+		upd, _ := stats()
+		return upd >= 3*names
+	})
+	upd, hot := stats()
+	if hot < upd*9/10 {
+		t.Errorf("%d of %d updates of the lease table were heap-only; want at least 90%%", hot, upd)
+	}
+	t.Logf("%d of %d updates heap-only", hot, upd)
 }
