@@ -74,7 +74,8 @@
 //
 // The table is created with fillfactor 50, so that a renewal, which
 // rewrites its row, finds room on the row's page: a heap-only (HOT) update,
-// which writes no index entry and leaves no dead row for VACUUM. A table
+// which writes no index entry and whose old row is pruned from the page
+// without waiting for VACUUM. A table
 // created by an earlier version has the default (100), where almost no
 // renewal is HOT; ALTER TABLE ... SET (fillfactor = 50), then VACUUM FULL,
 // changes it.
