@@ -73,12 +73,11 @@
 // The store compares tokens, never candidate IDs (invariant 3).
 //
 // The table is created with fillfactor 50, so that a renewal, which
-// rewrites its row, finds room on the row's page: a heap-only (HOT) update,
-// which writes no index entry and whose old row is pruned from the page
-// without waiting for VACUUM. A table
-// created by an earlier version has the default (100), where almost no
-// renewal is HOT; ALTER TABLE ... SET (fillfactor = 50), then VACUUM FULL,
-// changes it.
+// rewrites its row, finds room on the row's page: a heap-only (HOT)
+// update, which writes no index entry and whose old row is pruned from the
+// page without waiting for VACUUM. A table created by an earlier version
+// has the default (100), where almost no renewal is HOT; ALTER TABLE ...
+// SET (fillfactor = 50), then VACUUM FULL, changes it.
 //
 // # One statement per operation
 //
