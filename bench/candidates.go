@@ -167,6 +167,15 @@ func (s *acquireHook) Acquire(ctx context.Context, name string, c leader.Candida
 	return l, ok, err
 }
 
+// WatchFree passes on the store's leader.FreeWatcher, so that the Elector
+// watches as it would on the store itself.
+func (s *acquireHook) WatchFree(ctx context.Context, name string) (<-chan struct{}, error) {
+	if fw, ok := s.Store.(leader.FreeWatcher); ok {
+		return fw.WatchFree(ctx, name)
+	}
+	return s.Store.Watch(ctx, name)
+}
+
 type acquireHookLoss struct {
 	*acquireHook
 	ln leader.LossNotifier

@@ -364,7 +364,10 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 	for attempt := 1; ; attempt++ {
 		r, err := s.grantOn(ctx, conn, ss, name, c, s.sql.grant, iv, ms, idle, every, hi, lo)
 		if err != nil {
-			return leader.Lease{}, false, err
+			// The statement may have taken the lock before it failed, and
+			// a session lock outlives the failed transaction: close the
+			// session, which frees it.
+			return leader.Lease{}, false, errors.Join(errSessionReset, err)
 		}
 		if !r.got && !r.locked && !queued {
 			queued = true
@@ -437,8 +440,20 @@ func (s *AdvisoryStore) queue(ctx context.Context, conn *pgx.Conn, key int64) (b
 	switch {
 	case err == nil:
 		return true, nil
-	case sqlState(err) == "55P03": // lock_not_available: another candidate was first
-		return false, nil
+	case sqlState(err) == "55P03": // lock_not_available: the wait ran out
+		// A lock granted at the moment the wait ran out stays granted
+		// although the statement fails (PostgreSQL keeps a lock it was
+		// granted while handling the timeout, and a session lock outlives
+		// the failed transaction): ask the server which it was. Taking it
+		// for not granted would leave the session holding the lock
+		// unknown to the store, and the next grant on it would take it a
+		// second time, which its release would not undo.
+		hi, lo := keyHalves(key)
+		var held bool
+		if err := conn.QueryRow(ctx, s.sql.heldHere, hi, lo).Scan(&held); err != nil {
+			return false, errors.Join(errSessionReset, err)
+		}
+		return held, nil
 	default:
 		// Whether the lock was taken is unknown: close the session.
 		return false, errors.Join(errSessionReset, err)

@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantLocked, queue, regrant, renew, release, observe, held string
+	grant, grantLocked, queue, regrant, renew, release, observe, held, heldHere string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -238,5 +238,9 @@ SELECT (SELECT count(*) FROM unlocked WHERE ok),
 
 		// Held: whether anyone holds the lock; $1 and $2 the key's halves.
 		held: `SELECT EXISTS (` + heldBy("$1", "$2") + `)`,
+
+		// Held here: whether this session holds the lock; $1 and $2 the
+		// key's halves.
+		heldHere: `SELECT EXISTS (` + heldBy("$1", "$2") + ` AND l.pid = pg_backend_pid())`,
 	}
 }

@@ -592,6 +592,22 @@ func TestAdvisoryCandidateQueuesBehindLockWaiters(t *testing.T) {
 			}
 			return pid
 		}
+		// A wait that ran out leaves the session holding nothing, as the
+		// server sees it.
+		ss, err := s.session("queue", carol.Token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hi, lo := keyHalves(s.Key("queue"))
+		var holds bool
+		if err := ss.do(callCtx(t), s, false, func(conn *pgx.Conn) error {
+			return conn.QueryRow(callCtx(t), s.sql.heldHere, hi, lo).Scan(&holds)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if holds {
+			t.Fatal("the candidate's session holds the lock after its wait ran out and Acquire refused it")
+		}
 		before := pid()
 		w.letGo(t)
 		l, granted = mustAcquire(t, s, "queue", carol, ttl)
