@@ -214,7 +214,10 @@ FROM cur AS c`),
 		// Release, on the holder's session: $1 name, $2 token, $3 term, $4
 		// key, $5 channel. Clears the row, unlocks, disarms the holder's
 		// timeouts and sends the wake-up, only if this backend holds the
-		// row under the term. The unlock takes effect at once; a follower
+		// row under the term. "cleared" lets go of any other hold the
+		// session has on the lock (the session is this name's only, so
+		// all its advisory locks are this one): a lock taken twice is
+		// freed too. The unlock takes effect at once; a follower
 		// that takes the lock before this statement commits waits for the
 		// row, and then bumps the term this statement kept.
 		release: fill(`
@@ -225,13 +228,15 @@ WITH released AS (
 	RETURNING a.name
 ), unlocked AS (
 	SELECT pg_advisory_unlock($4) AS ok FROM released
+), cleared AS (
+	SELECT pg_advisory_unlock_all() FROM unlocked
 ), disarmed AS (
 	SELECT ` + followerSettings + ` FROM released
 ), notified AS (
 	SELECT pg_notify($5, {release}) FROM released
 )
 SELECT (SELECT count(*) FROM unlocked WHERE ok),
-	(SELECT count(*) FROM disarmed) + (SELECT count(*) FROM notified)`),
+	(SELECT count(*) FROM cleared) + (SELECT count(*) FROM disarmed) + (SELECT count(*) FROM notified)`),
 
 		// Observe: $1 name, $2 and $3 the key's halves.
 		observe: observeRow(table, "$1", "$2", "$3"),

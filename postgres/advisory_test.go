@@ -648,3 +648,26 @@ func TestAdvisoryCandidateQueuesBehindLockWaiters(t *testing.T) {
 		}
 	})
 }
+
+// TestAdvisoryReleaseFreesALockTakenTwice checks that a release frees the
+// lock even if the holder's session took it more than once (advisory
+// locks count), as a session that held it unknown to the store would at
+// its next grant: otherwise the session would keep it after the release,
+// and no one could lead until it ended.
+func TestAdvisoryReleaseFreesALockTakenTwice(t *testing.T) {
+	t.Parallel()
+	s := setupAdvisory(t, pgtest.NewPool(t), Options{})
+	alice, bob := candidate("alice"), candidate("bob")
+	held := mustGrant(t, s, "twice", alice, time.Minute)
+	ss := s.holderSession(t, "twice")
+	if err := ss.do(callCtx(t), s, false, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(callCtx(t), "SELECT pg_advisory_lock($1)", s.Key("twice"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mustRelease(t, s, "twice", alice, held.Term)
+	if l, granted := mustAcquire(t, s, "twice", bob, time.Minute); !granted {
+		t.Fatalf("Acquire after the release of a lock taken twice: %+v, not granted", l)
+	}
+}
