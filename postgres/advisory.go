@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strconv"
 	"sync"
@@ -91,14 +92,24 @@ import (
 // # Wake-ups
 //
 // Followers learn of a release or a grant from a NOTIFY, as with the
-// LeaseStore (see Watch). They learn that a holder's session ended without
-// a release from a lock waiter: for each watched name, a connection of the
-// store's blocks in pg_advisory_lock_shared on the key while the lock is
-// held (costing the server nothing), is granted the moment the holder's
-// session ends, unlocks at once, and wakes the name's watchers. A follower
-// then needs one round trip to take the lock, or, if it comes while lock
-// waiters still hold the lock shared, a wait in the lock's queue behind
-// them (at most 100 ms) and a second round trip.
+// LeaseStore (see Watch), and of the end of a hold, released or not, from
+// a lock waiter. A holder takes, with the lock, its mark: the advisory
+// lock whose two int4 keys are a constant (-1385121490) and the holder's
+// backend PID. For each watched name, a connection of the store's blocks
+// in pg_advisory_lock_shared on the holder's mark while the lock is held
+// (costing the server nothing), is granted the mark the moment the holder
+// lets go of it or its session ends, unlocks at once, and wakes the name's
+// watchers. Lock waiters never touch the lock itself, so the first
+// candidate to come takes it in one round trip; and as the mark belongs
+// to the holder's backend, the next holder takes its own at once, without
+// waiting for the lock waiters to let go of the last one. A release
+// notifies first and unlocks in a second statement, so that a process
+// whose lock waiter will see the unlock wakes its followers of free
+// leases (leader.FreeWatcher) once, not twice. A holder without its mark
+// (a stray session holds the same two int4 keys, or a store of an older
+// version holds the lock) is waited for on the lock itself; a follower
+// that then comes while lock waiters hold the lock shared waits for them
+// in the lock's queue (at most 100 ms).
 //
 // # Keys
 //
@@ -125,6 +136,7 @@ type AdvisoryStore struct {
 	smu      sync.Mutex
 	sessions map[sessionKey]*session
 	waiters  map[string]*lockWaiter
+	freed    map[string]freeing // the last freeing each lock waiter saw
 	closing  bool
 	bg       sync.WaitGroup     // the reaper and the lock waiters
 	stopBg   context.CancelFunc // stops the reaper
@@ -150,6 +162,10 @@ const (
 	// waiterPoll bounds how long a lock waiter trusts that a free lock is
 	// still free without a notification saying it was granted.
 	waiterPoll = 5 * time.Second
+	// markLook is how long a lock waiter that found the lock held
+	// without its mark waits before it looks again; if it finds the same,
+	// it waits on the lock itself.
+	markLook = 20 * time.Millisecond
 	// minAdvisoryServer is the oldest server version (server_version_num)
 	// with idle_session_timeout.
 	minAdvisoryServer = 140000
@@ -207,6 +223,7 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		wakeups:     newWakeups(config, opts, "the advisory store's wake-ups"),
 		sessions:    make(map[sessionKey]*session),
 		waiters:     make(map[string]*lockWaiter),
+		freed:       make(map[string]freeing),
 		sessionIdle: sessionIdle,
 	}
 	if err := s.check(ctx); err != nil {
@@ -355,11 +372,13 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 	// A refusal is reported as the lease stood when the statement began. If
 	// that view is not settled, look again: another candidate has taken the
 	// lock but its statement has not committed the row yet (locked but not
-	// held), or no one holds the lock and the attempt lost only to lock
-	// waiters' shared locks. Every lock waiter (see Watch) is granted the
-	// lock shared when a holder goes, and lets it go within its statement,
-	// but on a busy server that takes a few milliseconds: the first time,
-	// queue for the lock behind them instead of polling (see queue).
+	// held), a release has cleared the row but not yet unlocked, or no one
+	// holds the lock and the attempt lost only to lock waiters' shared
+	// locks. Lock waiters hold the lock shared only for a holder without
+	// its mark (see AdvisoryStore, Wake-ups), and let it go within their
+	// statement, but on a busy server that takes a few milliseconds: the
+	// first time, queue for the lock behind them instead of polling (see
+	// queue).
 	queued := false
 	for attempt := 1; ; attempt++ {
 		r, err := s.grantOn(ctx, conn, ss, name, c, s.sql.grant, iv, ms, idle, every, hi, lo)
@@ -386,10 +405,14 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 				}
 			}
 		}
+		if r.granted() && !r.marked {
+			s.log.Debug("holding the lock without its mark: another session holds the two-int4 advisory lock of the same keys",
+				slog.String("election", name))
+		}
 		if r.granted() && r.unreleased {
 			// Taken from a holder whose session ended without a release:
 			// give it TakeoverGrace to see that too and step down.
-			if err := sleepCtx(ctx, s.opts.TakeoverGrace); err != nil {
+			if err := sleepCtx(ctx, s.graceLeft(name, r.previousPID)); err != nil {
 				return leader.Lease{}, false, errors.Join(errSessionReset, err)
 			}
 		}
@@ -404,6 +427,36 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 		case <-timer.C:
 		}
 	}
+}
+
+// graceLeft returns how much of TakeoverGrace is still to pass before a
+// grant that took name's lock from its holder of backend pid, which left
+// without a release, may be reported. The grace is counted from when
+// name's lock waiter saw that holder's mark freed, if it did so within the
+// grace (the server frees the mark and the lock together, before the
+// waiter sees it), and from now otherwise.
+func (s *AdvisoryStore) graceLeft(name string, pid *int32) time.Duration {
+	grace := s.opts.TakeoverGrace
+	if pid == nil {
+		return grace
+	}
+	s.smu.Lock()
+	f, ok := s.freed[name]
+	s.smu.Unlock()
+	if !ok || f.pid != *pid {
+		return grace
+	}
+	if since := time.Since(f.at); since >= 0 && since < grace {
+		return grace - since
+	}
+	return grace
+}
+
+// freeing is when a lock waiter saw the holder of backend pid free a
+// lock (see graceLeft).
+type freeing struct {
+	pid int32
+	at  time.Time
 }
 
 // sleepCtx waits for d or until ctx ends, returning ctx.Err() then.
@@ -468,7 +521,9 @@ type grantResult struct {
 	other, curHolder          *string
 	held, locked              bool
 	remaining                 time.Duration
-	unreleased                bool // the previous holder did not release
+	unreleased                bool   // the previous holder did not release
+	previousPID               *int32 // the previous holder's backend
+	marked                    bool   // the grant took the lock's mark too
 }
 
 func (r grantResult) granted() bool { return r.got && r.term != nil }
@@ -500,7 +555,7 @@ func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session
 		n int64
 	)
 	err := conn.QueryRow(ctx, stmt, name, ss.key, c.Token, c.ID, iv, ms, idle, every, s.opts.Channel, hi, lo).
-		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased)
+		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased, &r.previousPID, &r.marked)
 	if err != nil {
 		if sqlState(err) == "23505" { // unique_violation: the key, taken by another name at the same moment
 			return r, fmt.Errorf("advisory key %d of %q is used by another election name (raced for its first grant); give one of them another key with Options.Key: %w",
@@ -509,9 +564,13 @@ func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session
 		return r, err
 	}
 	if r.got && r.term == nil {
-		// Locked, but the key belongs to another name: let it go.
-		var unlocked bool
-		if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", ss.key).Scan(&unlocked); err != nil || !unlocked {
+		// Locked, but the key belongs to another name: let it go, and
+		// its mark.
+		var (
+			unlocked bool
+			n        int64
+		)
+		if err := conn.QueryRow(ctx, s.sql.unlock, ss.key).Scan(&unlocked, &n); err != nil || !unlocked {
 			return r, errors.Join(errSessionReset, err)
 		}
 		return r, fmt.Errorf("advisory key %d of %q is already used by election %q (a hash collision, or the same Options.Key given twice); give one of them another key with Options.Key, or delete the unused name's row from %s",
@@ -584,9 +643,9 @@ func (s *AdvisoryStore) Renew(ctx context.Context, name, token string, term uint
 	}
 }
 
-// Release implements leader.Store. In one statement on the holder's session
-// it clears the row (keeping the term), unlocks, and sends the wake-up. The
-// session stays open for the next campaign.
+// Release implements leader.Store. On the holder's session it clears the
+// row (keeping the term) and sends the wake-up in one statement, then
+// unlocks in a second. The session stays open for the next campaign.
 func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term uint64) error {
 	const op = "release"
 	if err := ctx.Err(); err != nil {
@@ -601,12 +660,23 @@ func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term ui
 		if !ss.heldUnder(term) {
 			return errNotHeld
 		}
-		var unlocked, n int64
-		err := conn.QueryRow(ctx, s.sql.release, name, token, int64(term), ss.key, s.opts.Channel).Scan(&unlocked, &n)
+		var released, n int64
+		err := conn.QueryRow(ctx, s.sql.release, name, token, int64(term), s.opts.Channel).Scan(&released, &n)
 		switch {
 		case err != nil:
 			return err
-		case unlocked != 1:
+		case released != 1:
+			// The row no longer names this session (changed by hand?):
+			// close the session, freeing whatever it holds.
+			return errors.Join(errSessionReset, errNotHeld)
+		}
+		var unlocked bool
+		err = conn.QueryRow(ctx, s.sql.unlock, ss.key).Scan(&unlocked, &n)
+		switch {
+		case err != nil:
+			// The row is released; the lock may not be: close the session.
+			return errors.Join(errSessionReset, err)
+		case !unlocked:
 			// The row said this session held it, but the lock was not
 			// there to unlock: close the session to be sure.
 			return errors.Join(errSessionReset, errNotHeld)

@@ -328,6 +328,7 @@ func (s *AdvisoryStore) watch(ctx context.Context, name string, freeOnly bool) (
 		w.refs--
 		if w.refs == 0 && s.waiters[name] == w {
 			delete(s.waiters, name)
+			delete(s.freed, name)
 			w.stop()
 		}
 	})
@@ -414,17 +415,55 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 // waitOn waits, while the lock of name is held, for its holder to go, and
 // wakes name's watchers each time it does. While the lock is free it waits
 // for a grant (sub) instead, so that it never spins.
+//
+// It waits on the lock's mark (see markKeys), which the holder takes with
+// the lock: the lock itself is then left to candidates alone, and the
+// first of them takes it at once. While the waiter is sure to see the
+// holder go, release notifications wake only the watchers of grants (see
+// wakeups.arm), so that a follower is woken once per handover. A holder
+// without the mark (a grant in flight, or a store of an older version)
+// is waited for on the lock itself, as before the mark.
 func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}) error {
 	key := s.Key(name)
 	hi, lo := keyHalves(key)
+	unmarked := 0 // looks in a row that found the lock held without its mark
 	for {
 		select {
 		case <-sub: // about to look anyway
 		default:
 		}
-		var held bool
-		if err := conn.QueryRow(ctx, s.sql.held, hi, lo).Scan(&held); err != nil {
+		s.wakeups.arm(name)
+		var (
+			held   bool
+			marked *int32 // the holder's PID, if it holds its mark
+		)
+		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo).Scan(&held, &marked); err != nil {
+			if s.wakeups.disarm(name) {
+				s.wake(name)
+			}
 			return err
+		}
+		if marked == nil && s.wakeups.disarm(name) {
+			// A release came as we looked, which we will not see.
+			s.wake(name)
+		}
+		switch {
+		case marked != nil || !held:
+			unmarked = 0
+		case unmarked == 0:
+			// Most likely a grant between its lock and its mark: look
+			// again after its notification.
+			unmarked++
+			timer := time.NewTimer(markLook)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return ctx.Err()
+			case <-sub:
+			case <-timer.C:
+			}
+			timer.Stop()
+			continue
 		}
 		if !held {
 			timer := time.NewTimer(waiterPoll)
@@ -440,8 +479,20 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		}
 		// Granted the shared lock only once no one holds it exclusively;
 		// it is let go in the same statement.
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key); err != nil {
-			return err
+		var err error
+		if marked != nil {
+			_, err = conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", *marked)
+			s.wakeups.disarm(name) // the wake below covers any release that came meanwhile
+		} else {
+			_, err = conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key)
+		}
+		if err != nil {
+			return err // waitLoop wakes the watchers
+		}
+		if marked != nil {
+			s.smu.Lock()
+			s.freed[name] = freeing{pid: *marked, at: time.Now()}
+			s.smu.Unlock()
 		}
 		s.wake(name)
 	}

@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantLocked, queue, regrant, renew, release, observe, held, heldHere string
+	grant, grantLocked, queue, regrant, renew, release, unlock, observe, waiter, heldHere string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -22,6 +22,28 @@ func heldBy(hi, lo string) string {
 		AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
 		AND l.classid::bigint = ` + hi + ` AND l.objid::bigint = ` + lo + ` AND l.objsubid = 1
 		AND l.mode = 'ExclusiveLock' AND l.granted`
+}
+
+// A holder's mark is the advisory lock whose two int4 keys are markClass
+// and the holder's backend PID: a holder takes it with the lock, and lock
+// waiters wait on it (see AdvisoryStore, Wake-ups). A mark belongs to a
+// backend, not to a name, so a new holder never waits for the lock
+// waiters of the previous one. markClass is the first 4 bytes of the
+// SHA-256 of "leader:mark", read as a big-endian int4; markClassOID is the
+// same as pg_locks shows it (an oid, so unsigned).
+const (
+	markClass    = "-1385121490"
+	markClassOID = "2909845806"
+)
+
+// markedBy returns the SQL query for the backend whose PID is pid (an SQL
+// expression) if it holds its mark, in this database.
+func markedBy(pid string) string {
+	return `SELECT l.pid FROM pg_locks AS l
+	WHERE l.locktype = 'advisory'
+		AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+		AND l.classid::bigint = ` + markClassOID + ` AND l.objid::bigint = ` + pid + ` AND l.objsubid = 2
+		AND l.pid = ` + pid + ` AND l.mode = 'ExclusiveLock' AND l.granted`
 }
 
 // holderSettings returns the SQL select list that arms the server's side of
@@ -93,10 +115,12 @@ func observeRow(table, name, hi, lo string) string {
 // grantTemplate is the grant statement, with {lock} the CTE "lk" that takes
 // the lock (see newAdvisoryStatements).
 var grantTemplate = `
-WITH {lock}, other AS (
+WITH {lock}, marked AS MATERIALIZED (
+	SELECT pg_try_advisory_lock(` + markClass + `, pg_backend_pid()) AS ok FROM lk WHERE lk.got
+), other AS (
 	SELECT a.name FROM {t} AS a WHERE a.key = $2 AND a.name <> $1 LIMIT 1
 ), previous AS (
-	SELECT a.holder_token IS NOT NULL AS unreleased FROM {t} AS a WHERE a.name = $1
+	SELECT a.holder_token IS NOT NULL AS unreleased, a.holder_pid FROM {t} AS a WHERE a.name = $1
 ), granted AS (
 	INSERT INTO {t} AS a (name, key, term, holder_token, holder_id, holder_pid, ttl, acquired_at)
 	SELECT $1, $2, 1, $3, $4, pg_backend_pid(), $5::interval, clock_timestamp()
@@ -119,7 +143,8 @@ SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
 	(SELECT count(*) FROM armed) + (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
 	coalesce(c.locked, EXISTS (` + heldBy("$10", "$11") + `)),
-	coalesce((SELECT unreleased FROM previous), false)
+	coalesce((SELECT unreleased FROM previous), false), (SELECT holder_pid FROM previous),
+	coalesce((SELECT ok FROM marked), false)
 FROM lk
 LEFT JOIN granted AS g ON true
 LEFT JOIN cur AS c ON true`
@@ -135,6 +160,10 @@ func newAdvisoryStatements(table string) advisoryStatements {
 		// halves.
 		//
 		// "lk" tries the lock (materialized, so it runs exactly once).
+		// "marked" then takes the holder's mark (see markClass), for lock
+		// waiters to wait on; only a stray session of someone else's,
+		// using the same two int4 keys, could hold it, and then the lock
+		// is held without it, and lock waiters wait on the lock itself.
 		// "other" is another name already using the key: then nothing is
 		// granted, and the caller unlocks. "granted" bumps the term in the
 		// same statement, so the term grows at every grant and a grant
@@ -142,7 +171,8 @@ func newAdvisoryStatements(table string) advisoryStatements {
 		// says, since holding the lock proves its holder is gone. The
 		// holder's settings, the wake-up and a durable commit
 		// (durableCommit) follow a grant. "cur" is the lease as it stood
-		// when the statement began, for a refused candidate; "previous"
+		// when the statement began, for a refused candidate; "previous",
+		// with the backend PID of the last holder,
 		// says whether the last holder left without a release (see
 		// Options.TakeoverGrace).
 		grant: fill(strings.Replace(grantTemplate, "{lock}", `lk AS MATERIALIZED (
@@ -211,38 +241,51 @@ WITH cur AS (
 SELECT c.acquired_at, (SELECT count(*) FROM changed) + (SELECT count(*) FROM armed)
 FROM cur AS c`),
 
-		// Release, on the holder's session: $1 name, $2 token, $3 term, $4
-		// key, $5 channel. Clears the row, unlocks, disarms the holder's
-		// timeouts and sends the wake-up, only if this backend holds the
-		// row under the term. "cleared" lets go of any other hold the
-		// session has on the lock (the session is this name's only, so
-		// all its advisory locks are this one): a lock taken twice is
-		// freed too. The unlock takes effect at once; a follower
-		// that takes the lock before this statement commits waits for the
-		// row, and then bumps the term this statement kept.
+		// Release, on the holder's session, the first of two statements:
+		// $1 name, $2 token, $3 term, $4 channel. Clears the row (keeping
+		// the term) and sends the wake-up, only if this backend holds the
+		// row under the term, and commits; unlock follows. So the release
+		// notification goes out while the lock is still held, and a lock
+		// waiter that will see the unlock can tell its followers that
+		// they need no other wake-up (see wakeups.arm). A follower that
+		// comes between the two sees the lock taken and the row free, and
+		// looks again (see acquireOn).
 		release: fill(`
 WITH released AS (
 	UPDATE {t} AS a
 	SET (holder_token, holder_id, holder_pid, ttl, acquired_at) = (NULL, '', NULL, NULL, NULL)
 	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
 	RETURNING a.name
-), unlocked AS (
-	SELECT pg_advisory_unlock($4) AS ok FROM released
-), cleared AS (
+), notified AS (
+	SELECT pg_notify($4, {release}) FROM released
+)
+SELECT count(*), (SELECT count(*) FROM notified) FROM released`),
+
+		// Unlock, the second statement of a release: $1 key. Unlocks, then
+		// lets go of every other advisory lock the session holds (the
+		// session is this name's only, so they are this lock's mark and
+		// any second hold on the lock itself), and disarms the holder's
+		// timeouts, in this order. The holder's timeouts stay armed until
+		// then, so a holder that stops between the two statements still
+		// has its session ended.
+		unlock: `
+WITH unlocked AS MATERIALIZED (
+	SELECT pg_advisory_unlock($1) AS ok
+), cleared AS MATERIALIZED (
 	SELECT pg_advisory_unlock_all() FROM unlocked
 ), disarmed AS (
-	SELECT ` + followerSettings + ` FROM released
-), notified AS (
-	SELECT pg_notify($5, {release}) FROM released
+	SELECT ` + followerSettings + ` FROM cleared
 )
-SELECT (SELECT count(*) FROM unlocked WHERE ok),
-	(SELECT count(*) FROM cleared) + (SELECT count(*) FROM disarmed) + (SELECT count(*) FROM notified)`),
+SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM disarmed)`,
 
 		// Observe: $1 name, $2 and $3 the key's halves.
 		observe: observeRow(table, "$1", "$2", "$3"),
 
-		// Held: whether anyone holds the lock; $1 and $2 the key's halves.
-		held: `SELECT EXISTS (` + heldBy("$1", "$2") + `)`,
+		// Waiter, a lock waiter's look: $1 and $2 the key's halves.
+		// Whether anyone holds the lock, and the PID of its holder if the
+		// holder holds its mark too (NULL if not).
+		waiter: `WITH k AS (` + heldBy("$1", "$2") + `)
+SELECT EXISTS (SELECT FROM k), (SELECT k.pid FROM k WHERE EXISTS (` + markedBy("k.pid") + `) LIMIT 1)`,
 
 		// Held here: whether this session holds the lock; $1 and $2 the
 		// key's halves.

@@ -322,8 +322,8 @@ func TestWatchFreeSkipsGrants(t *testing.T) {
 				mustRelease(t, s, name, alice, l.Term)
 				waitWake(t, free, "a free-watcher after a release")
 				waitWake(t, all, "a plain watcher after a release")
-				// The advisory store wakes its watchers twice for a
-				// release: for its NOTIFY, then from its lock waiter.
+				// The advisory store's plain watchers are woken twice by
+				// a release: for its NOTIFY, then by its lock waiter.
 				quiet(free)
 				quiet(all)
 			}

@@ -256,12 +256,15 @@ type Options struct {
 	// like Channel. At most 63 bytes.
 	MessageChannel string
 
-	// TakeoverGrace is how long an AdvisoryStore waits, after taking a
-	// lock whose previous holder left without a release, before it
-	// reports the grant: the time the previous holder, if it is alive,
+	// TakeoverGrace is how long an AdvisoryStore lets pass, after a lock
+	// whose previous holder left without a release was freed, before it
+	// reports its grant: the time the previous holder, if it is alive,
 	// has to learn that the server ended its session and step down (it
-	// learns from the same event, so it needs far less). The advisory
-	// strategy only. Default DefaultTakeoverGrace (50ms); at least 0.
+	// learns from the same event, so it needs far less). It is counted
+	// from when the store's lock waiter saw the lock freed, if it did
+	// (which is after the server freed it), and otherwise from the grant.
+	// The advisory strategy only. Default DefaultTakeoverGrace (50ms); at
+	// least 0.
 	TakeoverGrace time.Duration
 
 	// Key returns the advisory lock key for an election name (the advisory

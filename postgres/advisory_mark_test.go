@@ -1,0 +1,238 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
+	"github.com/leaderelect/leader/internal/pgtest"
+)
+
+// lockRequests counts the advisory lock requests on the server by mode,
+// granted or waiting, on the lock of key (objsubid 1) and on the mark of
+// the backend pid (see markClass).
+type lockRequests struct {
+	lockExclusive, lockSharedWaiting, lockShared   int
+	markExclusive, markSharedWaiting, markSharedOK int
+}
+
+func requests(t *testing.T, pool *pgxpool.Pool, key int64, pid int32) lockRequests {
+	t.Helper()
+	hi, lo := keyHalves(key)
+	rows, err := pool.Query(callCtx(t), `SELECT l.objsubid, l.mode, l.granted FROM pg_locks AS l
+		WHERE l.locktype = 'advisory' AND (
+			(l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 1) OR
+			(l.classid::bigint = `+markClassOID+` AND l.objid::bigint = $3 AND l.objsubid = 2))`, hi, lo, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var r lockRequests
+	for rows.Next() {
+		var (
+			sub     int16
+			mode    string
+			granted bool
+		)
+		if err := rows.Scan(&sub, &mode, &granted); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case sub == 1 && mode == "ExclusiveLock" && granted:
+			r.lockExclusive++
+		case sub == 1 && mode == "ShareLock" && !granted:
+			r.lockSharedWaiting++
+		case sub == 1 && mode == "ShareLock":
+			r.lockShared++
+		case sub == 2 && mode == "ExclusiveLock" && granted:
+			r.markExclusive++
+		case sub == 2 && mode == "ShareLock" && !granted:
+			r.markSharedWaiting++
+		case sub == 2 && mode == "ShareLock":
+			r.markSharedOK++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// holderPID returns the backend PID of the session of s that holds name.
+func (s *AdvisoryStore) holderPID(t *testing.T, name string) int32 {
+	t.Helper()
+	ss := s.holderSession(t, name)
+	ss.turn <- struct{}{}
+	defer func() { <-ss.turn }()
+	return int32(ss.conn.PgConn().PID())
+}
+
+// TestAdvisoryLockWaitersWaitOnTheHoldersMark checks that a holder takes
+// its mark with the lock and lets it go at its release, and that lock
+// waiters wait on the mark, not on the lock, so that they never stand in
+// a candidate's way; and that a holder without its mark is waited for on
+// the lock itself, and its release still wakes the followers.
+func TestAdvisoryLockWaitersWaitOnTheHoldersMark(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	const name = "marked"
+	key := holders.Key(name)
+	var watchers []<-chan struct{}
+	for range 3 {
+		ch, err := setupAdvisory(t, pool, Options{}).WatchFree(t.Context(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		watchers = append(watchers, ch)
+	}
+	alice := candidate("alice")
+
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "three lock waiters waiting on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 3
+	})
+	if r := requests(t, pool, key, pid); r.lockExclusive != 1 || r.markExclusive != 1 || r.lockSharedWaiting+r.lockShared != 0 {
+		t.Fatalf("with the lock held and waited for: %+v; want the holder on the lock and its mark, and no one else on the lock", r)
+	}
+	for _, ch := range watchers {
+		drain(ch)
+	}
+	mustRelease(t, holders, name, alice, held.Term)
+	for _, ch := range watchers {
+		waitWake(t, ch, "after a release the lock waiter saw")
+	}
+	electortest.Eventually(t, 10*time.Second, "the released holder's locks and mark gone", func() bool {
+		r := requests(t, pool, key, pid)
+		return r == lockRequests{}
+	})
+
+	// A holder without its mark (as when a stray session holds it): the
+	// lock waiters look again, then wait on the lock itself.
+	held = mustGrant(t, holders, name, alice, time.Minute)
+	pid = holders.holderPID(t, name)
+	err := holders.holderSession(t, name).do(callCtx(t), holders, false, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock("+markClass+", pg_backend_pid())")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	electortest.Eventually(t, 10*time.Second, "three lock waiters waiting on the unmarked lock", func() bool {
+		return requests(t, pool, key, pid).lockSharedWaiting == 3
+	})
+	for _, ch := range watchers {
+		drain(ch)
+	}
+	mustRelease(t, holders, name, alice, held.Term)
+	for _, ch := range watchers {
+		waitWake(t, ch, "after the release of an unmarked lock")
+	}
+}
+
+// countingAdvisory counts an AdvisoryStore's Acquire calls.
+type countingAdvisory struct {
+	*AdvisoryStore
+	acquires atomic.Int64
+}
+
+func (c *countingAdvisory) Acquire(ctx context.Context, name string, cand leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	c.acquires.Add(1)
+	return c.AdvisoryStore.Acquire(ctx, name, cand, ttl)
+}
+
+// TestAdvisoryFollowersWakeOncePerHandover checks that followers whose
+// lock waiter waits on the holder's mark are woken once by a release, not
+// once by its notification and again by the lock waiter: a follower that
+// is woken twice tries twice.
+func TestAdvisoryFollowersWakeOncePerHandover(t *testing.T) {
+	t.Parallel()
+	const followers = 5
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	others := &countingAdvisory{AdvisoryStore: setupAdvisory(t, pool, Options{})}
+	const name = "once"
+	h := newBeliefs()
+	newElector := func(s leader.Store, id string) *leader.Elector {
+		cfg := leader.Config{Name: name, ID: id, TTL: time.Minute} // no renewal, expiry or retry during the test
+		cfg.OnElected, cfg.OnDemoted = h.Hooks(t, id)
+		e, err := leader.New(s, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = e.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		return e
+	}
+	first := newElector(holders, "first")
+	electortest.Eventually(t, 10*time.Second, "the first elected", first.IsLeader)
+	pid := holders.holderPID(t, name)
+	var es []*leader.Elector
+	for i := range followers {
+		es = append(es, newElector(others, fmt.Sprint("f", i)))
+	}
+	electortest.Eventually(t, 10*time.Second, "every follower refused once, and the lock waiter on the mark", func() bool {
+		return others.acquires.Load() >= followers && requests(t, pool, holders.Key(name), pid).markSharedWaiting == 1
+	})
+	time.Sleep(200 * time.Millisecond) // for any attempt still on its way
+	before := others.acquires.Load()
+	if err := first.Resign(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	leaderOf(t, es, 10*time.Second)
+	time.Sleep(300 * time.Millisecond) // for any attempt a second wake-up would cause
+	if n := others.acquires.Load() - before; n > followers {
+		t.Errorf("%d acquire attempts at a handover to one of %d followers; want at most one each", n, followers)
+	}
+}
+
+// TestAdvisoryGraceCountsFromTheFreeing checks that the TakeoverGrace
+// after a holder's session ended without a release is counted from when
+// the lock waiter saw the lock freed, not from the grant: a candidate that
+// comes late is not held back for the whole grace again, and no grant is
+// reported before the grace has passed since the holder's session ended.
+func TestAdvisoryGraceCountsFromTheFreeing(t *testing.T) {
+	t.Parallel()
+	const grace = time.Second
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	others := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	const name = "grace"
+	alice, bob := candidate("alice"), candidate("bob")
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	free, err := others.WatchFree(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the mark", func() bool {
+		return requests(t, pool, holders.Key(name), pid).markSharedWaiting == 1
+	})
+	drain(free)
+	cut := time.Now()
+	holders.cutConnection(t, name)
+	waitWake(t, free, "after the holder's connection was cut")
+	time.Sleep(grace * 6 / 10)
+	start := time.Now()
+	l, granted := mustAcquire(t, others, name, bob, time.Minute)
+	end := time.Now()
+	if !granted || l.Term != held.Term+1 {
+		t.Fatalf("Acquire: %+v granted %v; want granted with term %d", l, granted, held.Term+1)
+	}
+	if since := end.Sub(cut); since < grace {
+		t.Errorf("granted %v after the holder's connection was cut; want at least the TakeoverGrace (%v)", since, grace)
+	}
+	if took := end.Sub(start); took > grace*9/10 {
+		t.Errorf("Acquire took %v, %v after the lock waiter saw the lock freed; want the rest of the TakeoverGrace (%v) only", took, start.Sub(cut), grace)
+	}
+}
