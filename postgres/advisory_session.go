@@ -454,27 +454,15 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			// Most likely a grant between its lock and its mark: look
 			// again after its notification.
 			unmarked++
-			timer := time.NewTimer(markLook)
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return ctx.Err()
-			case <-sub:
-			case <-timer.C:
+			if err := awaitEvent(ctx, sub, markLook); err != nil {
+				return err
 			}
-			timer.Stop()
 			continue
 		}
 		if !held {
-			timer := time.NewTimer(waiterPoll)
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return ctx.Err()
-			case <-sub:
-			case <-timer.C:
+			if err := awaitEvent(ctx, sub, waiterPoll); err != nil {
+				return err
 			}
-			timer.Stop()
 			continue
 		}
 		// Granted the shared lock only once no one holds it exclusively;
@@ -496,4 +484,18 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		}
 		s.wake(name)
 	}
+}
+
+// awaitEvent waits for a value on sub, or for d, or until ctx ends,
+// returning ctx.Err() then.
+func awaitEvent(ctx context.Context, sub <-chan struct{}, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-sub:
+	case <-timer.C:
+	}
+	return nil
 }
