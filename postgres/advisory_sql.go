@@ -137,12 +137,12 @@ WITH {lock}, marked AS MATERIALIZED (
 ), durable AS (
 	SELECT ` + durableCommit + ` FROM granted
 ), cur AS (
-	` + observeRow("{t}", "$1", "$10", "$11") + `
+	SELECT o.* FROM (` + observeRow("{t}", "$1", "$10", "$11") + `) AS o WHERE NOT (SELECT lk.got FROM lk)
 )
 SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
 	(SELECT count(*) FROM armed) + (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
-	coalesce(c.locked, EXISTS (` + heldBy("$10", "$11") + `)),
+	coalesce(c.locked, lk.got OR EXISTS (` + heldBy("$10", "$11") + `)),
 	coalesce((SELECT unreleased FROM previous), false), (SELECT holder_pid FROM previous),
 	coalesce((SELECT ok FROM marked), false)
 FROM lk
@@ -171,9 +171,10 @@ func newAdvisoryStatements(table string) advisoryStatements {
 		// says, since holding the lock proves its holder is gone. The
 		// holder's settings, the wake-up and a durable commit
 		// (durableCommit) follow a grant. "cur" is the lease as it stood
-		// when the statement began, for a refused candidate; "previous",
-		// with the backend PID of the last holder,
-		// says whether the last holder left without a release (see
+		// when the statement began, for a refused candidate only (the
+		// server's lock and activity views cost a busy server time);
+		// "previous", with the backend PID of the last holder, says
+		// whether the last holder left without a release (see
 		// Options.TakeoverGrace).
 		grant: fill(strings.Replace(grantTemplate, "{lock}", `lk AS MATERIALIZED (
 	SELECT pg_try_advisory_lock($2) AS got
