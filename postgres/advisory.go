@@ -137,6 +137,7 @@ type AdvisoryStore struct {
 	sessions map[sessionKey]*session
 	waiters  map[string]*lockWaiter
 	freed    map[string]freeing // the last freeing each lock waiter saw
+	flights  map[string]*flight // attempts in progress, by name
 	closing  bool
 	bg       sync.WaitGroup     // the reaper and the lock waiters
 	stopBg   context.CancelFunc // stops the reaper
@@ -224,6 +225,7 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		sessions:    make(map[sessionKey]*session),
 		waiters:     make(map[string]*lockWaiter),
 		freed:       make(map[string]freeing),
+		flights:     make(map[string]*flight),
 		sessionIdle: sessionIdle,
 	}
 	if err := s.check(ctx); err != nil {
@@ -310,7 +312,10 @@ func ttlSettings(ttl time.Duration) (iv time.Duration, ms, idle, every string) {
 // candidate's session (opening it if needed) and bumps the term in the same
 // statement; for the holder it bumps the term only. When it grants nothing
 // it reports the holder and how long the holder's session would last
-// without another heartbeat.
+// without another heartbeat. A candidate that calls while another
+// candidate of the same name on this store is trying waits for that
+// attempt; once one that began after its call has ended with the lease
+// held, it is refused with that outcome, without a statement of its own.
 func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
 	const op = "acquire"
 	if err := checkTTL(op, name, ttl); err != nil {
@@ -319,10 +324,26 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 	if err := ctx.Err(); err != nil {
 		return leader.Lease{}, false, fmt.Errorf("postgres: %s: %w", call(op, name), err)
 	}
+	called := time.Now()
 	for {
 		ss, err := s.session(name, c.Token)
 		if err != nil {
 			return leader.Lease{}, false, err
+		}
+		var f *flight
+		if !ss.isHeld() {
+			var lead bool
+			if f, lead = s.flight(name); !lead {
+				select {
+				case <-f.done:
+				case <-ctx.Done():
+					return leader.Lease{}, false, fmt.Errorf("postgres: %s: %w", call(op, name), ctx.Err())
+				}
+				if l, ok := f.refusal(called); ok {
+					return l, false, nil
+				}
+				continue
+			}
 		}
 		var (
 			l       leader.Lease
@@ -332,6 +353,7 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 			l, granted, err = s.acquireOn(ctx, ss, conn, name, c, ttl)
 			return err
 		})
+		s.land(f, l, err)
 		switch {
 		case errors.Is(err, errSessionGone):
 			continue // reaped while we waited for it: a new one
@@ -340,6 +362,63 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 		}
 		return l, granted, nil
 	}
+}
+
+// A flight is one candidate's attempt at a name, which the store's other
+// candidates of the name that call Acquire meanwhile wait for and share
+// instead of each sending its own: with many followers of a name in one
+// process, a release would otherwise have them all send a grant statement
+// at once, each on a session of its own, and the winner's would be one of
+// many on a busy server.
+type flight struct {
+	name   string
+	began  time.Time
+	done   chan struct{} // closed when the attempt has ended
+	lease  leader.Lease  // what the attempt saw, or granted
+	landed time.Time     // when it ended
+	err    error
+}
+
+// flight returns name's flight in progress, or starts one that the caller
+// leads (lead), which it must end with land.
+func (s *AdvisoryStore) flight(name string) (f *flight, lead bool) {
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	if f := s.flights[name]; f != nil {
+		return f, false
+	}
+	f = &flight{name: name, began: time.Now(), done: make(chan struct{})}
+	s.flights[name] = f
+	return f, true
+}
+
+// land ends f (nil if the caller led none) with the attempt's outcome.
+func (s *AdvisoryStore) land(f *flight, l leader.Lease, err error) {
+	if f == nil {
+		return
+	}
+	s.smu.Lock()
+	delete(s.flights, f.name)
+	s.smu.Unlock()
+	f.lease, f.err, f.landed = l, err, time.Now()
+	close(f.done)
+}
+
+// refusal returns, for a candidate that called Acquire at called, the
+// refusal that f's outcome means for it, if it means one: f began after
+// the call, so what f saw is an answer to the call too, and f ended with
+// the lease held (by f's candidate or by another). Its Remaining is as of
+// now. Otherwise the candidate must try for itself.
+func (f *flight) refusal(called time.Time) (leader.Lease, bool) {
+	if f.err != nil || f.began.Before(called) || !f.lease.Held() {
+		return leader.Lease{}, false
+	}
+	l := f.lease
+	l.Remaining -= time.Since(f.landed)
+	if l.Remaining <= 0 {
+		return leader.Lease{}, false
+	}
+	return l, true
 }
 
 // acquireOn runs the grant (or re-grant) on the session's connection; the

@@ -236,3 +236,69 @@ func TestAdvisoryGraceCountsFromTheFreeing(t *testing.T) {
 		t.Errorf("Acquire took %v, %v after the lock waiter saw the lock freed; want the rest of the TakeoverGrace (%v) only", took, start.Sub(cut), grace)
 	}
 }
+
+// TestAdvisoryCandidatesShareAnAttempt checks that candidates of a name
+// that call Acquire on one store while another candidate's attempt is in
+// progress wait for it, and that one more attempt then serves them all:
+// the first is granted, and the others are refused and told who holds the
+// lease, with two sessions connected in all. An attempt that began before
+// a candidate's call cannot answer it (the lease may have been freed
+// since), so they cannot share the first.
+func TestAdvisoryCandidatesShareAnAttempt(t *testing.T) {
+	t.Parallel()
+	const grace = 500 * time.Millisecond // how long the first attempt lasts
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	s := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	const name = "shared"
+	mustGrant(t, holders, name, candidate("alice"), time.Minute)
+	holders.cutConnection(t, name) // a grant now waits the grace
+	electortest.Eventually(t, 10*time.Second, "the lock freed", func() bool {
+		return !observe(t, s, name).Held()
+	})
+
+	type outcome struct {
+		l       leader.Lease
+		granted bool
+		err     error
+	}
+	first := make(chan outcome, 1)
+	go func() {
+		l, granted, err := s.Acquire(callCtx(t), name, candidate("first"), time.Minute)
+		first <- outcome{l, granted, err}
+	}()
+	electortest.Eventually(t, 10*time.Second, "the first attempt in progress", func() bool {
+		s.smu.Lock()
+		defer s.smu.Unlock()
+		return s.flights[name] != nil
+	})
+	const others = 10
+	rest := make(chan outcome, others)
+	for i := range others {
+		go func() {
+			l, granted, err := s.Acquire(callCtx(t), name, candidate(fmt.Sprint("c", i)), time.Minute)
+			rest <- outcome{l, granted, err}
+		}()
+	}
+	o := <-first
+	if o.err != nil || !o.granted {
+		t.Fatalf("the first candidate: %+v granted %v, %v; want granted", o.l, o.granted, o.err)
+	}
+	for range others {
+		r := <-rest
+		if r.err != nil || r.granted || r.l.HolderID != "first" || r.l.Term != o.l.Term || r.l.Remaining <= 0 {
+			t.Errorf("a candidate that came during the first attempt: %+v granted %v, %v; want refused, told that first holds term %d", r.l, r.granted, r.err, o.l.Term)
+		}
+	}
+	s.smu.Lock()
+	connected := 0
+	for _, ss := range s.sessions {
+		if ss.conn != nil {
+			connected++
+		}
+	}
+	s.smu.Unlock()
+	if connected != 2 {
+		t.Errorf("%d sessions connected for %d candidates; want 2: the first candidate's, and one whose attempt the others share", connected, others+1)
+	}
+}
