@@ -153,7 +153,7 @@ func fullPlan() plan {
 		},
 		withDefaults: true,
 		idleN:        1000, idleNAdvisory: 300,
-		herdN: 200, herdTrials: 20,
+		herdN: 200, herdTrials: 100,
 		withScale: true, scaleTTL: 6 * time.Second,
 		scaleNames: 10_000, scaleNamesWindow: 5 * time.Minute,
 		scaleProcs: 100, scaleProcNames: 100, scaleProcsWindow: 2 * time.Minute,

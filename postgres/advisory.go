@@ -103,9 +103,10 @@ import (
 // candidate to come takes it in one round trip; and as the mark belongs
 // to the holder's backend, the next holder takes its own at once, without
 // waiting for the lock waiters to let go of the last one. A release
-// notifies first and unlocks in a second statement, so that a process
-// whose lock waiter will see the unlock wakes its followers of free
-// leases (leader.FreeWatcher) once, not twice. A holder without its mark
+// commits the row, and sends its notification, before it unlocks, so a
+// lock waiter that sees the unlock can tell a release from a session that
+// ended, and leaves the wake-up for a release to the notification: each
+// follower is woken once. A holder without its mark
 // (a stray session holds the same two int4 keys, or a store of an older
 // version holds the lock) is waited for on the lock itself; a follower
 // that then comes while lock waiters hold the lock shared waits for them
@@ -739,22 +740,16 @@ func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term ui
 		if !ss.heldUnder(term) {
 			return errNotHeld
 		}
-		var released, n int64
-		err := conn.QueryRow(ctx, s.sql.release, name, token, int64(term), s.opts.Channel).Scan(&released, &n)
+		released, unlocked, err := s.releaseOn(ctx, conn, name, token, term, ss.key)
 		switch {
 		case err != nil:
-			return err
-		case released != 1:
+			// Whether the row was released and the lock freed is unknown:
+			// close the session, which frees the lock.
+			return errors.Join(errSessionReset, err)
+		case !released:
 			// The row no longer names this session (changed by hand?):
 			// close the session, freeing whatever it holds.
 			return errors.Join(errSessionReset, errNotHeld)
-		}
-		var unlocked bool
-		err = conn.QueryRow(ctx, s.sql.unlock, ss.key).Scan(&unlocked, &n)
-		switch {
-		case err != nil:
-			// The row is released; the lock may not be: close the session.
-			return errors.Join(errSessionReset, err)
 		case !unlocked:
 			// The row said this session held it, but the lock was not
 			// there to unlock: close the session to be sure.
@@ -770,6 +765,61 @@ func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term ui
 		return fmt.Errorf("%w: %w", lost, err)
 	default:
 		return wrapError(ctx, call(op, name), err)
+	}
+}
+
+// releaseOn runs the release's two statements on the holder's
+// connection, in one round trip: each is a transaction of its own, so the
+// first one's notification goes out before the second unlocks (see
+// advisoryStatements.release). The unlock runs even if the first
+// statement failed or released nothing; the caller then closes the
+// session anyway.
+func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, token string, term uint64, key int64) (released, unlocked bool, err error) {
+	p := conn.PgConn().StartPipeline(ctx)
+	p.SendQueryParams(s.sql.release, [][]byte{[]byte(name), []byte(token), strconv.AppendUint(nil, term, 10), []byte(s.opts.Channel)}, nil, nil, nil)
+	p.SendPipelineSync()
+	p.SendQueryParams(s.sql.unlock, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil, nil)
+	p.SendPipelineSync()
+	if err := p.Flush(); err != nil {
+		return false, false, errors.Join(err, p.Close())
+	}
+	first, err1 := pipelineRow(p)
+	second, err2 := pipelineRow(p)
+	if err := errors.Join(err1, err2, p.Close()); err != nil {
+		return false, false, err
+	}
+	if len(first) < 1 || len(second) < 1 {
+		return false, false, errors.New("release: a statement returned no value")
+	}
+	return string(first[0]) == "1", string(second[0]) == "t", nil
+}
+
+// pipelineRow reads the next statement's result and the sync after it
+// from p, and returns the statement's first row, as text.
+func pipelineRow(p *pgconn.Pipeline) ([][]byte, error) {
+	var row [][]byte
+	for {
+		res, err := p.GetResults()
+		if err != nil {
+			return nil, err
+		}
+		switch r := res.(type) {
+		case *pgconn.ResultReader:
+			for r.NextRow() {
+				if row == nil {
+					for _, v := range r.Values() {
+						row = append(row, append([]byte(nil), v...))
+					}
+				}
+			}
+			if _, err := r.Close(); err != nil {
+				return nil, err
+			}
+		case *pgconn.PipelineSync:
+			return row, nil
+		case nil:
+			return nil, errors.New("release: the pipeline ended early")
+		}
 	}
 }
 

@@ -152,7 +152,9 @@ func (c *countingAdvisory) Acquire(ctx context.Context, name string, cand leader
 // TestAdvisoryFollowersWakeOncePerHandover checks that followers whose
 // lock waiter waits on the holder's mark are woken once by a release, not
 // once by its notification and again by the lock waiter: a follower that
-// is woken twice tries twice.
+// is woken twice tries twice. It fails too if a release unlocks before it
+// commits its row, as the lock waiter then takes the release for a
+// session that ended.
 func TestAdvisoryFollowersWakeOncePerHandover(t *testing.T) {
 	t.Parallel()
 	const followers = 5
@@ -181,8 +183,9 @@ func TestAdvisoryFollowersWakeOncePerHandover(t *testing.T) {
 	for i := range followers {
 		es = append(es, newElector(others, fmt.Sprint("f", i)))
 	}
+	// The holder's own store may watch too, so at least one lock waiter.
 	electortest.Eventually(t, 10*time.Second, "every follower refused once, and the lock waiter on the mark", func() bool {
-		return others.acquires.Load() >= followers && requests(t, pool, holders.Key(name), pid).markSharedWaiting == 1
+		return others.acquires.Load() >= followers && requests(t, pool, holders.Key(name), pid).markSharedWaiting >= 1
 	})
 	time.Sleep(200 * time.Millisecond) // for any attempt still on its way
 	before := others.acquires.Load()

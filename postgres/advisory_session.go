@@ -416,13 +416,14 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 // wakes name's watchers each time it does. While the lock is free it waits
 // for a grant (sub) instead, so that it never spins.
 //
-// It waits on the lock's mark (see markKeys), which the holder takes with
-// the lock: the lock itself is then left to candidates alone, and the
-// first of them takes it at once. While the waiter is sure to see the
-// holder go, release notifications wake only the watchers of grants (see
-// wakeups.arm), so that a follower is woken once per handover. A holder
-// without the mark (a grant in flight, or a store of an older version)
-// is waited for on the lock itself, as before the mark.
+// It waits on the holder's mark (see markClass), which the holder takes
+// with the lock: the lock itself is left to candidates alone, and the
+// first of them takes it at once. When the holder has released, the
+// release's notification, sent before the unlock, wakes the watchers, and
+// the lock waiter does not wake them a second time (which would cost each
+// follower a second attempt), unless the listener is not listening. A
+// holder without its mark (a grant in flight, or a store of an older
+// version) is waited for on the lock itself, as before the mark.
 func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}) error {
 	key := s.Key(name)
 	hi, lo := keyHalves(key)
@@ -432,20 +433,12 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		case <-sub: // about to look anyway
 		default:
 		}
-		s.wakeups.arm(name)
 		var (
 			held   bool
 			marked *int32 // the holder's PID, if it holds its mark
 		)
 		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo).Scan(&held, &marked); err != nil {
-			if s.wakeups.disarm(name) {
-				s.wake(name)
-			}
 			return err
-		}
-		if marked == nil && s.wakeups.disarm(name) {
-			// A release came as we looked, which we will not see.
-			s.wake(name)
 		}
 		switch {
 		case marked != nil || !held:
@@ -465,24 +458,32 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			}
 			continue
 		}
-		// Granted the shared lock only once no one holds it exclusively;
-		// it is let go in the same statement.
-		var err error
-		if marked != nil {
-			_, err = conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", *marked)
-			s.wakeups.disarm(name) // the wake below covers any release that came meanwhile
-		} else {
-			_, err = conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key)
+		if marked == nil {
+			// Granted the shared lock only once no one holds it
+			// exclusively; it is let go in the same statement.
+			if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key); err != nil {
+				return err // waitLoop wakes the watchers
+			}
+			s.wake(name)
+			continue
 		}
-		if err != nil {
-			return err // waitLoop wakes the watchers
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", *marked); err != nil {
+			return err
 		}
-		if marked != nil {
+		// The holder has gone. A release committed its row before it
+		// unlocked, so this statement, which begins after, sees it.
+		var released bool
+		if err := conn.QueryRow(ctx, s.sql.released, name, *marked).Scan(&released); err != nil {
+			return err
+		}
+		if !released {
 			s.smu.Lock()
 			s.freed[name] = freeing{pid: *marked, at: time.Now()}
 			s.smu.Unlock()
 		}
-		s.wake(name)
+		if !released || !s.wakeups.isListening() {
+			s.wake(name)
+		}
 	}
 }
 

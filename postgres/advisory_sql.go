@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantLocked, queue, regrant, renew, release, unlock, observe, waiter, heldHere string
+	grant, grantLocked, queue, regrant, renew, release, unlock, observe, waiter, released, heldHere string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -245,12 +245,11 @@ FROM cur AS c`),
 		// Release, on the holder's session, the first of two statements:
 		// $1 name, $2 token, $3 term, $4 channel. Clears the row (keeping
 		// the term) and sends the wake-up, only if this backend holds the
-		// row under the term, and commits; unlock follows. So the release
-		// notification goes out while the lock is still held, and a lock
-		// waiter that will see the unlock can tell its followers that
-		// they need no other wake-up (see wakeups.arm). A follower that
-		// comes between the two sees the lock taken and the row free, and
-		// looks again (see acquireOn).
+		// row under the term, and commits; unlock follows. So a lock
+		// waiter that sees the unlock sees the row released too, and
+		// leaves the wake-up to the notification (see waitOn). A follower
+		// that comes between the two sees the lock taken and the row
+		// free, and looks again (see acquireOn).
 		release: fill(`
 WITH released AS (
 	UPDATE {t} AS a
@@ -287,6 +286,12 @@ SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM disarmed)`,
 		// holder holds its mark too (NULL if not).
 		waiter: `WITH k AS (` + heldBy("$1", "$2") + `)
 SELECT EXISTS (SELECT FROM k), (SELECT k.pid FROM k WHERE EXISTS (` + markedBy("k.pid") + `) LIMIT 1)`,
+
+		// Released: whether the holder of backend $2 released name $1, for a
+		// lock waiter that saw it let go of its mark: the row no longer
+		// names it as the holder.
+		released: fill(`SELECT NOT EXISTS (
+	SELECT FROM {t} AS a WHERE a.name = $1 AND a.holder_pid = $2 AND a.holder_token IS NOT NULL)`),
 
 		// Held here: whether this session holds the lock; $1 and $2 the
 		// key's halves.

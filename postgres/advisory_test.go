@@ -50,15 +50,16 @@ func TestAdvisoryConformance(t *testing.T) {
 // in a process of its own) on pool, recording its leadership in h.
 func advisoryElector(t *testing.T, pool *pgxpool.Pool, h *beliefs, name, id string, ttl time.Duration) (*leader.Elector, *AdvisoryStore) {
 	t.Helper()
-	s, err := NewAdvisoryStore(callCtx(t), pool, Options{})
+	logger := slog.New(slog.DiscardHandler)
+	if os.Getenv("LEADER_TEST_LOG") != "" {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).
+			With("instance", id, "database", pool.Config().ConnConfig.Database)
+	}
+	s, err := NewAdvisoryStore(callCtx(t), pool, Options{Logger: logger})
 	if err != nil {
 		t.Fatalf("NewAdvisoryStore: %v", err)
 	}
 	t.Cleanup(s.Close)
-	logger := slog.New(slog.DiscardHandler)
-	if os.Getenv("LEADER_TEST_LOG") != "" {
-		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", id)
-	}
 	cfg := leader.Config{Name: name, ID: id, TTL: ttl, Logger: logger}
 	cfg.OnElected, cfg.OnDemoted = h.Hooks(t, id)
 	e, err := leader.New(s, cfg)

@@ -38,12 +38,12 @@ type wakeups struct {
 
 	mu       sync.Mutex
 	watchers map[string]map[chan struct{}]bool // channel → freeOnly
-	// covered holds the names whose releases a lock waiter of the
-	// advisory store is armed to see (see arm).
-	covered map[string]*coverage
-	closed  bool
-	stop    context.CancelFunc // stops the listener; nil until the first Watch
-	stopped chan struct{}      // closed when the listener has returned
+	closed   bool
+	// listening is whether the listener LISTENs now; it wakes every
+	// watcher each time it starts again.
+	listening bool
+	stop     context.CancelFunc // stops the listener; nil until the first Watch
+	stopped  chan struct{}      // closed when the listener has returned
 
 	// pingEvery is listenPingEvery; tests shorten it.
 	pingEvery time.Duration
@@ -59,7 +59,6 @@ func newWakeups(config *pgx.ConnConfig, opts Options, what string) wakeups {
 		what:      what,
 		log:       opts.Logger.With(slog.String("channel", opts.Channel)),
 		watchers:  make(map[string]map[chan struct{}]bool),
-		covered:   make(map[string]*coverage),
 		pingEvery: listenPingEvery,
 	}
 }
@@ -168,57 +167,26 @@ func (w *wakeups) notified(payload string) {
 		w.wakeAllLocked()
 		return
 	}
+	w.wakeName(name, granted)
+}
+
+// isListening reports whether the listener LISTENs now, so that a
+// notification sent now will wake the watchers, or, if the listener fails
+// first, its wake-up of every watcher when it is back.
+func (w *wakeups) isListening() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if c := w.covered[name]; !granted && c != nil && c.armed {
-		// A lock waiter will see this release and wake the free-watchers
-		// itself: waking them now too would cost each follower a second
-		// attempt at every handover.
-		c.missed = true
-		granted = true // wake only those that watch grants too
-	}
-	w.wakeNameLocked(name, granted)
+	return w.listening
 }
 
 // wake wakes every watcher of name: its lease may have become free.
-func (w *wakeups) wake(name string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.wakeNameLocked(name, false)
-}
+func (w *wakeups) wake(name string) { w.wakeName(name, false) }
 
-// coverage is the state of a name's lock waiter for notified: armed while
-// it is sure to see the holder go, and so to wake the free-watchers then;
-// missed once a release notification came meanwhile and woke only the
-// watchers of grants.
-type coverage struct {
-	armed, missed bool
-}
-
-// arm tells notified that name's lock waiter is about to look whether it
-// can wait for the holder to go: a release notification from now until
-// disarm wakes only the watchers of grants, as the lock waiter will wake
-// the free-watchers.
-func (w *wakeups) arm(name string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.covered[name] = &coverage{armed: true}
-}
-
-// disarm ends arm, and reports whether a release notification woke only
-// the watchers of grants since: then the caller must wake the
-// free-watchers unless it saw the holder go.
-func (w *wakeups) disarm(name string) (missed bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	c := w.covered[name]
-	delete(w.covered, name)
-	return c != nil && c.missed
-}
-
-// wakeNameLocked wakes the watchers of name; for a grant, only those that
+// wakeName wakes the watchers of name; for a grant, only those that
 // watch grants too.
-func (w *wakeups) wakeNameLocked(name string, granted bool) {
+func (w *wakeups) wakeName(name string, granted bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	for ch, freeOnly := range w.watchers[name] {
 		if granted && freeOnly {
 			continue
@@ -333,7 +301,13 @@ func (w *wakeups) listenOnce(ctx context.Context, recovering bool) (listened boo
 	// everyone so that followers look now instead of at the expiry.
 	w.mu.Lock()
 	w.wakeAllLocked()
+	w.listening = true
 	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.listening = false
+		w.mu.Unlock()
+	}()
 	if w.onListen != nil {
 		w.onListen(conn.PgConn().PID())
 	}

@@ -151,9 +151,12 @@ func TestLeaseTableLeavesRoomForRenewals(t *testing.T) {
 		upd, _ := stats()
 		return upd >= 3*names
 	})
+	// On a quiet server nearly all are (1489 of 1500 measured); on a busy
+	// one a page is pruned later and fewer are (1005 measured while the
+	// package's other tests ran). At the default fillfactor, 13 were.
 	upd, hot := stats()
-	if hot < upd*9/10 {
-		t.Errorf("%d of %d updates of the lease table were heap-only; want at least 90%%", hot, upd)
+	if hot < upd/2 {
+		t.Errorf("%d of %d updates of the lease table were heap-only; want at least half", hot, upd)
 	}
 	t.Logf("%d of %d updates heap-only", hot, upd)
 }
