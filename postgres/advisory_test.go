@@ -154,6 +154,7 @@ func TestAdvisoryElectors(t *testing.T) {
 	// leadership with end and measures how long until another leads.
 	takeovers := func(t *testing.T, what string, end func(t *testing.T, pool *pgxpool.Pool, e *leader.Elector, s *AdvisoryStore, stop func())) {
 		pool := pgtest.NewPool(t)
+		t.Logf("database %s", pool.Config().ConnConfig.Database) // as the logs of LEADER_TEST_LOG name it
 		if err := Migrate(callCtx(t), pool, Options{}); err != nil {
 			t.Fatal(err)
 		}
