@@ -42,8 +42,8 @@ type wakeups struct {
 	// listening is whether the listener LISTENs now; it wakes every
 	// watcher each time it starts again.
 	listening bool
-	stop     context.CancelFunc // stops the listener; nil until the first Watch
-	stopped  chan struct{}      // closed when the listener has returned
+	stop      context.CancelFunc // stops the listener; nil until the first Watch
+	stopped   chan struct{}      // closed when the listener has returned
 
 	// pingEvery is listenPingEvery; tests shorten it.
 	pingEvery time.Duration
