@@ -168,6 +168,11 @@ const (
 	// without its mark waits before it looks again; if it finds the same,
 	// it waits on the lock itself.
 	markLook = 20 * time.Millisecond
+	// lingerLook and lingerFor: how often, and for how long at most, a
+	// lock waiter that saw a holder's mark freed looks whether the
+	// holder's lock is freed too (see holderGone).
+	lingerLook = time.Millisecond
+	lingerFor  = 500 * time.Millisecond
 	// minAdvisoryServer is the oldest server version (server_version_num)
 	// with idle_session_timeout.
 	minAdvisoryServer = 140000

@@ -305,3 +305,70 @@ func TestAdvisoryCandidatesShareAnAttempt(t *testing.T) {
 		t.Errorf("%d sessions connected for %d candidates; want 2: the first candidate's, and one whose attempt the others share", connected, others+1)
 	}
 }
+
+// TestAdvisoryLockWaiterWakesOnceTheLockIsFree checks that a lock waiter
+// that sees the holder's mark freed wakes the watchers only once the lock
+// is free too. A session that ends frees its locks one lock partition
+// after another, so its lock may outlast its mark by a moment; a wake-up
+// in that moment would find the lock held still, and none would follow
+// until the lock waiter's poll (5 s). The holder here lets go of its mark
+// without a release, then of its lock 15 ms later.
+func TestAdvisoryLockWaiterWakesOnceTheLockIsFree(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	const name = "lingering"
+	key := holders.Key(name)
+	ch, err := setupAdvisory(t, pool, Options{}).WatchFree(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustGrant(t, holders, name, candidate("alice"), time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	drain(ch)
+
+	wakes := make(chan time.Time, 16)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ch:
+				wakes <- time.Now()
+			}
+		}
+	}()
+	defer func() { cancel(); <-done }()
+
+	var unlocking time.Time
+	err = holders.holderSession(t, name).do(callCtx(t), holders, false, func(conn *pgx.Conn) error {
+		if _, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock("+markClass+", pg_backend_pid())"); err != nil {
+			return err
+		}
+		time.Sleep(15 * time.Millisecond)
+		unlocking = time.Now()
+		_, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock($1)", key)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(3 * time.Second)
+	for {
+		select {
+		case at := <-wakes:
+			if at.After(unlocking) {
+				return
+			}
+			t.Logf("a wake-up %v before the lock was let go", unlocking.Sub(at))
+		case <-timeout:
+			t.Fatalf("no wake-up within 3s of the lock being let go, 15 ms after the mark")
+		}
+	}
+}

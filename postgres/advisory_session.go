@@ -428,6 +428,11 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 	key := s.Key(name)
 	hi, lo := keyHalves(key)
 	unmarked := 0 // looks in a row that found the lock held without its mark
+	// owed: a look found the lock held, and no wake-up (this lock
+	// waiter's, or a release's notification) has covered its end yet. A
+	// look that then finds the lock free wakes the watchers: a holder may
+	// go between two looks, as one that dies within markLook of its grant.
+	owed := false
 	for {
 		select {
 		case <-sub: // about to look anyway
@@ -440,20 +445,23 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo).Scan(&held, &marked); err != nil {
 			return err
 		}
-		switch {
-		case marked != nil || !held:
+		if !held {
 			unmarked = 0
-		case unmarked == 0:
-			// Most likely a grant between its lock and its mark: look
-			// again after its notification.
-			unmarked++
-			if err := awaitEvent(ctx, sub, markLook); err != nil {
+			if owed {
+				owed = false
+				s.wake(name)
+			}
+			if err := awaitEvent(ctx, sub, waiterPoll); err != nil {
 				return err
 			}
 			continue
 		}
-		if !held {
-			if err := awaitEvent(ctx, sub, waiterPoll); err != nil {
+		owed = true
+		if marked == nil && unmarked == 0 {
+			// Most likely a grant between its lock and its mark: look
+			// again after its notification.
+			unmarked++
+			if err := awaitEvent(ctx, sub, markLook); err != nil {
 				return err
 			}
 			continue
@@ -464,16 +472,16 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key); err != nil {
 				return err // waitLoop wakes the watchers
 			}
+			unmarked, owed = 0, false
 			s.wake(name)
 			continue
 		}
+		unmarked = 0
 		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", *marked); err != nil {
 			return err
 		}
-		// The holder has gone. A release committed its row before it
-		// unlocked, so this statement, which begins after, sees it.
-		var released bool
-		if err := conn.QueryRow(ctx, s.sql.released, name, *marked).Scan(&released); err != nil {
+		released, err := s.holderGone(ctx, conn, name, *marked, hi, lo)
+		if err != nil {
 			return err
 		}
 		if !released {
@@ -481,8 +489,34 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			s.freed[name] = freeing{pid: *marked, at: time.Now()}
 			s.smu.Unlock()
 		}
+		owed = false
 		if !released || !s.wakeups.isListening() {
 			s.wake(name)
+		}
+	}
+}
+
+// holderGone waits, after the holder of backend pid let go of its mark,
+// until it no longer holds the lock of name either, and reports whether it
+// released name. A release commits its row before it unlocks, so the look
+// after the mark sees it. A session that ends frees its locks one lock
+// partition after another: its lock may outlast its mark by a moment, and
+// a wake-up then would find the lock still held, and no other wake-up
+// would follow. holderGone looks every lingerLook for up to lingerFor, then
+// reports anyway: the lock waiter's next look finds the lock held still,
+// and waits on it.
+func (s *AdvisoryStore) holderGone(ctx context.Context, conn *pgx.Conn, name string, pid int32, hi, lo int64) (released bool, err error) {
+	deadline := time.Now().Add(lingerFor)
+	for {
+		var lingers bool
+		if err := conn.QueryRow(ctx, s.sql.released, name, pid, hi, lo).Scan(&released, &lingers); err != nil {
+			return false, err
+		}
+		if !lingers || time.Now().After(deadline) {
+			return released, nil
+		}
+		if err := sleepCtx(ctx, lingerLook); err != nil {
+			return false, err
 		}
 	}
 }

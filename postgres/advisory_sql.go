@@ -287,11 +287,15 @@ SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM disarmed)`,
 		waiter: `WITH k AS (` + heldBy("$1", "$2") + `)
 SELECT EXISTS (SELECT FROM k), (SELECT k.pid FROM k WHERE EXISTS (` + markedBy("k.pid") + `) LIMIT 1)`,
 
-		// Released: whether the holder of backend $2 released name $1, for a
-		// lock waiter that saw it let go of its mark: the row no longer
-		// names it as the holder.
+		// Released: for a lock waiter that saw the holder of backend $2 let
+		// go of its mark, whether it released name $1 (the row no longer
+		// names it as the holder), and whether it holds the lock still
+		// ($3 and $4 the key's halves). A session that ends lets go of its
+		// locks one lock partition after another, so its mark may be freed
+		// a moment before its lock.
 		released: fill(`SELECT NOT EXISTS (
-	SELECT FROM {t} AS a WHERE a.name = $1 AND a.holder_pid = $2 AND a.holder_token IS NOT NULL)`),
+	SELECT FROM {t} AS a WHERE a.name = $1 AND a.holder_pid = $2 AND a.holder_token IS NOT NULL),
+	EXISTS (` + heldBy("$3", "$4") + ` AND l.pid = $2)`),
 
 		// Held here: whether this session holds the lock; $1 and $2 the
 		// key's halves.

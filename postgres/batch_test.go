@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,7 +67,7 @@ func TestManyNamesAreRenewedWithOneStatementPerRound(t *testing.T) {
 	electors := make([]*leader.Elector, names)
 	for i := range electors {
 		e, err := leader.New(b.store, leader.Config{
-			Name: fmt.Sprintf("name-%03d", i), ID: "holder", TTL: ttl,
+			Name: fmt.Sprintf("name-%03d", i), ID: "holder", TTL: ttl, Logger: slog.New(slog.DiscardHandler),
 			OnDemoted: func() { lost.Add(1) },
 		})
 		if err != nil {
