@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -164,7 +165,7 @@ func TestAdvisoryFollowersWakeOncePerHandover(t *testing.T) {
 	const name = "once"
 	h := newBeliefs()
 	newElector := func(s leader.Store, id string) *leader.Elector {
-		cfg := leader.Config{Name: name, ID: id, TTL: time.Minute} // no renewal, expiry or retry during the test
+		cfg := leader.Config{Name: name, ID: id, TTL: time.Minute, Logger: slog.New(slog.DiscardHandler)} // no renewal, expiry or retry during the test
 		cfg.OnElected, cfg.OnDemoted = h.Hooks(t, id)
 		e, err := leader.New(s, cfg)
 		if err != nil {
