@@ -768,9 +768,21 @@ func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term ui
 		return nil
 	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
 		return fmt.Errorf("%w: %w", lost, err)
+	case errors.Is(err, errSessionDropped) && endedByServer(err):
+		// The server ended the session (its idle_session_timeout at the
+		// lease's expiry, or pg_terminate_backend) before the session's
+		// reader saw its FATAL message: the lock went with it.
+		return fmt.Errorf("%w: %w", lost, err)
 	default:
 		return wrapError(ctx, call(op, name), err)
 	}
+}
+
+// endedByServer reports whether err carries the FATAL message with which
+// the server ends a session, freeing its locks.
+func endedByServer(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC")
 }
 
 // releaseOn runs the release's two statements on the holder's

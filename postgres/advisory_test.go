@@ -404,6 +404,33 @@ func TestAdvisoryServerEndsSilentHolder(t *testing.T) {
 	}
 }
 
+// TestAdvisoryReleaseAfterTheServerEndedTheSession checks that a release
+// whose session the server ended at the lease's expiry is refused with
+// ErrLeaseLost, also when the session's reader has not yet read the
+// server's FATAL message (on a busy host it may read it later than the
+// Release call comes): the message then answers the release's statements.
+func TestAdvisoryReleaseAfterTheServerEndedTheSession(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	s := setupAdvisory(t, pool, Options{})
+	others := setupAdvisory(t, pool, Options{})
+	const ttl = 500 * time.Millisecond
+	alice := candidate("alice")
+	held := mustGrant(t, s, "ended", alice, ttl)
+	ss := s.holderSession(t, "ended")
+	ss.turn <- struct{}{}
+	ss.haltReader() // as if the reader had not run yet
+	<-ss.turn
+	electortest.Eventually(t, 10*time.Second, "the server to end the holder's session", func() bool {
+		return !observe(t, others, "ended").Held()
+	})
+	err := s.Release(callCtx(t), "ended", alice.Token, held.Term)
+	if !errors.Is(err, leader.ErrLeaseLost) || errors.Is(err, leader.ErrUnavailable) {
+		t.Errorf("release after the server ended the session: %v; want ErrLeaseLost, not ErrUnavailable", err)
+	}
+	t.Logf("release after the server ended the session: %v", err)
+}
+
 func TestAdvisoryRefusals(t *testing.T) {
 	t.Parallel()
 	t.Run("behind a transaction-pooling proxy", func(t *testing.T) {
