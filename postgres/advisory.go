@@ -102,11 +102,13 @@ import (
 // watchers. Lock waiters never touch the lock itself, so the first
 // candidate to come takes it in one round trip; and as the mark belongs
 // to the holder's backend, the next holder takes its own at once, without
-// waiting for the lock waiters to let go of the last one. A release
-// commits the row, and sends its notification, before it unlocks, so a
-// lock waiter that sees the unlock can tell a release from a session that
-// ended, and leaves the wake-up for a release to the notification: each
-// follower is woken once. A holder without its mark
+// waiting for the lock waiters to let go of the last one. A lock waiter
+// that sees the mark freed wakes the watchers once the lock is free too (a
+// session that ends frees its locks one after another). A release sends
+// its notification before it unlocks, and a process whose lock waiter is
+// sure to see the unlock, or has just seen it, keeps the notification from
+// waking its followers of free leases (leader.FreeWatcher) a second time:
+// each is woken once, when the lock is free. A holder without its mark
 // (a stray session holds the same two int4 keys, or a store of an older
 // version holds the lock) is waited for on the lock itself; a follower
 // that then comes while lock waiters hold the lock shared waits for them

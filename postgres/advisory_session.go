@@ -346,6 +346,7 @@ func (s *AdvisoryStore) waitLoop(ctx context.Context, name string) {
 		s.wakeups.mu.Lock()
 		s.wakeups.removeLocked(name, sub)
 		s.wakeups.mu.Unlock()
+		s.wakeups.uncover(name)
 	}()
 	log := s.wakeups.log.With(slog.String("election", name))
 	retry := listenRetryMin
@@ -418,12 +419,12 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 //
 // It waits on the holder's mark (see markClass), which the holder takes
 // with the lock: the lock itself is left to candidates alone, and the
-// first of them takes it at once. When the holder has released, the
-// release's notification, sent before the unlock, wakes the watchers, and
-// the lock waiter does not wake them a second time (which would cost each
-// follower a second attempt), unless the listener is not listening. A
-// holder without its mark (a grant in flight, or a store of an older
-// version) is waited for on the lock itself, as before the mark.
+// first of them takes it at once. The release notifications of the
+// holder it waits on, and of the last holder it saw go, wake only the
+// watchers of grants (see coverage), so that a follower is woken once per
+// handover, and only once the lock is free. A holder without its mark
+// (a grant in flight, or a store of an older version) is waited for on
+// the lock itself, as before the mark.
 func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}) error {
 	key := s.Key(name)
 	hi, lo := keyHalves(key)
@@ -443,7 +444,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			marked *int32 // the holder's PID, if it holds its mark
 		)
 		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo).Scan(&held, &marked); err != nil {
-			return err
+			return err // waitLoop wakes the watchers
 		}
 		if !held {
 			unmarked = 0
@@ -477,12 +478,19 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			continue
 		}
 		unmarked = 0
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", *marked); err != nil {
-			return err
+		s.wakeups.expect(name, uint32(*marked))
+		var lingers bool
+		err := conn.QueryRow(ctx, s.sql.markWait, *marked, hi, lo).Scan(&lingers)
+		// A release unlocks the lock before the mark; a session that
+		// ended may free them in either order (see holderGone).
+		released := err == nil && s.wakeups.releaseSeen(name)
+		if err == nil && lingers {
+			released, err = s.holderGone(ctx, conn, name, *marked, hi, lo)
 		}
-		released, err := s.holderGone(ctx, conn, name, *marked, hi, lo)
+		// The wake below covers any release that came meanwhile.
+		s.wakeups.settle(name, err == nil)
 		if err != nil {
-			return err
+			return err // waitLoop wakes the watchers
 		}
 		if !released {
 			s.smu.Lock()
@@ -490,9 +498,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			s.smu.Unlock()
 		}
 		owed = false
-		if !released || !s.wakeups.isListening() {
-			s.wake(name)
-		}
+		s.wake(name)
 	}
 }
 

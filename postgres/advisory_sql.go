@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantLocked, queue, regrant, renew, release, unlock, observe, waiter, released, heldHere string
+	grant, grantLocked, queue, regrant, renew, release, unlock, observe, waiter, markWait, released, heldHere string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -245,11 +245,13 @@ FROM cur AS c`),
 		// Release, on the holder's session, the first of two statements:
 		// $1 name, $2 token, $3 term, $4 channel. Clears the row (keeping
 		// the term) and sends the wake-up, only if this backend holds the
-		// row under the term, and commits; unlock follows. So a lock
-		// waiter that sees the unlock sees the row released too, and
-		// leaves the wake-up to the notification (see waitOn). A follower
-		// that comes between the two sees the lock taken and the row
-		// free, and looks again (see acquireOn).
+		// row under the term, and commits; unlock follows, in the same
+		// round trip (see releaseOn). So the notification goes out while
+		// the lock is still held, and a lock waiter that will see the
+		// unlock keeps it from waking the followers a second time (see
+		// coverage); and a lock waiter that sees the unlock sees the row
+		// released too. A follower that comes between the two sees the
+		// lock taken and the row free, and looks again (see acquireOn).
 		release: fill(`
 WITH released AS (
 	UPDATE {t} AS a
@@ -286,6 +288,15 @@ SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM disarmed)`,
 		// holder holds its mark too (NULL if not).
 		waiter: `WITH k AS (` + heldBy("$1", "$2") + `)
 SELECT EXISTS (SELECT FROM k), (SELECT k.pid FROM k WHERE EXISTS (` + markedBy("k.pid") + `) LIMIT 1)`,
+
+		// Mark wait, a lock waiter's wait for the holder of backend $1 to
+		// let go of its mark: it takes the mark shared, lets it go, and
+		// then (OFFSET 0 keeps the subquery apart, so that it runs first)
+		// reports whether that backend holds the lock of key halves $2
+		// and $3 still (see released). pg_locks shows the locks as they
+		// are when it is read, not as of the statement's snapshot.
+		markWait: `SELECT EXISTS (` + heldBy("$2", "$3") + ` AND l.pid = w.pid)
+FROM (SELECT $1::int AS pid, pg_advisory_lock_shared(` + markClass + `, $1), pg_advisory_unlock_shared(` + markClass + `, $1) OFFSET 0) AS w`,
 
 		// Released: for a lock waiter that saw the holder of backend $2 let
 		// go of its mark, whether it released name $1 (the row no longer

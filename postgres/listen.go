@@ -38,12 +38,13 @@ type wakeups struct {
 
 	mu       sync.Mutex
 	watchers map[string]map[chan struct{}]bool // channel → freeOnly
-	closed   bool
-	// listening is whether the listener LISTENs now; it wakes every
-	// watcher each time it starts again.
-	listening bool
-	stop      context.CancelFunc // stops the listener; nil until the first Watch
-	stopped   chan struct{}      // closed when the listener has returned
+	// covered holds, for the advisory store's lock waiters, whose
+	// release notifications not to wake the free-watchers with (see
+	// coverage).
+	covered map[string]*coverage
+	closed  bool
+	stop    context.CancelFunc // stops the listener; nil until the first Watch
+	stopped chan struct{}      // closed when the listener has returned
 
 	// pingEvery is listenPingEvery; tests shorten it.
 	pingEvery time.Duration
@@ -59,6 +60,7 @@ func newWakeups(config *pgx.ConnConfig, opts Options, what string) wakeups {
 		what:      what,
 		log:       opts.Logger.With(slog.String("channel", opts.Channel)),
 		watchers:  make(map[string]map[chan struct{}]bool),
+		covered:   make(map[string]*coverage),
 		pingEvery: listenPingEvery,
 	}
 }
@@ -158,8 +160,8 @@ func (w *wakeups) Close() {
 }
 
 // notified wakes the watchers of the notification payload (see
-// parsePayload).
-func (w *wakeups) notified(payload string) {
+// parsePayload), sent by the backend of PID pid.
+func (w *wakeups) notified(payload string, pid uint32) {
 	name, granted := parsePayload(payload)
 	if name == "" {
 		w.mu.Lock()
@@ -167,26 +169,96 @@ func (w *wakeups) notified(payload string) {
 		w.wakeAllLocked()
 		return
 	}
-	w.wakeName(name, granted)
-}
-
-// isListening reports whether the listener LISTENs now, so that a
-// notification sent now will wake the watchers, or, if the listener fails
-// first, its wake-up of every watcher when it is back.
-func (w *wakeups) isListening() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.listening
+	if c := w.covered[name]; c != nil && pid != 0 {
+		switch {
+		case granted && pid == c.gone:
+			// The holder that went holds again: its next release is
+			// not the one the lock waiter saw.
+			c.gone = 0
+		case !granted && pid == c.waiting:
+			// The lock waiter waits on this holder's mark, and will
+			// wake the free-watchers once the lock is free: waking
+			// them now would cost each follower a second attempt.
+			c.released = true
+			granted = true // wake only those that watch grants too
+		case !granted && pid == c.gone:
+			// The release of the holder that the lock waiter saw go,
+			// and has woken the free-watchers for.
+			granted = true
+		}
+	}
+	w.wakeNameLocked(name, granted)
 }
 
 // wake wakes every watcher of name: its lease may have become free.
-func (w *wakeups) wake(name string) { w.wakeName(name, false) }
-
-// wakeName wakes the watchers of name; for a grant, only those that
-// watch grants too.
-func (w *wakeups) wakeName(name string, granted bool) {
+func (w *wakeups) wake(name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.wakeNameLocked(name, false)
+}
+
+// coverage is, for a name of the advisory store, what its lock waiter
+// does for notified: the backend PID of the holder whose mark it waits on
+// (waiting; 0 if none), whether a release notification from that backend
+// came meanwhile (released), and the backend PID of the last holder it
+// saw go (gone). A release notification from either does not wake the
+// free-watchers (leader.FreeWatcher): the lock waiter does, once the lock
+// is free, and each follower is woken once per handover.
+type coverage struct {
+	waiting, gone uint32
+	released      bool
+}
+
+// expect tells notified that name's lock waiter is about to wait on the
+// mark of the holder of backend pid.
+func (w *wakeups) expect(name string, pid uint32) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := w.covered[name]
+	if c == nil {
+		c = &coverage{}
+		w.covered[name] = c
+	}
+	c.waiting, c.released = pid, false
+}
+
+// settle ends expect: if sawGo, the lock waiter saw the holder go and
+// wakes every watcher now.
+func (w *wakeups) settle(name string, sawGo bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := w.covered[name]
+	if c == nil {
+		return
+	}
+	if sawGo {
+		c.gone = c.waiting
+	}
+	c.waiting, c.released = 0, false
+}
+
+// releaseSeen reports whether the holder that name's lock waiter waits on
+// sent a release notification since expect: it released, and so unlocked
+// its lock before its mark.
+func (w *wakeups) releaseSeen(name string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c := w.covered[name]
+	return c != nil && c.waiting != 0 && c.released
+}
+
+// uncover forgets name's lock waiter, which has stopped.
+func (w *wakeups) uncover(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.covered, name)
+}
+
+// wakeNameLocked wakes the watchers of name; for a grant, only those that
+// watch grants too.
+func (w *wakeups) wakeNameLocked(name string, granted bool) {
 	for ch, freeOnly := range w.watchers[name] {
 		if granted && freeOnly {
 			continue
@@ -301,13 +373,7 @@ func (w *wakeups) listenOnce(ctx context.Context, recovering bool) (listened boo
 	// everyone so that followers look now instead of at the expiry.
 	w.mu.Lock()
 	w.wakeAllLocked()
-	w.listening = true
 	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		w.listening = false
-		w.mu.Unlock()
-	}()
 	if w.onListen != nil {
 		w.onListen(conn.PgConn().PID())
 	}
@@ -318,7 +384,7 @@ func (w *wakeups) listenOnce(ctx context.Context, recovering bool) (listened boo
 		cancel()
 		switch {
 		case err == nil:
-			w.notified(n.Payload)
+			w.notified(n.Payload, n.PID)
 		case ctx.Err() != nil:
 			return true, ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():

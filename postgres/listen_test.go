@@ -345,3 +345,41 @@ func quiet(ch <-chan struct{}) {
 		}
 	}
 }
+
+// TestReleaseNotificationsCoveredByTheLockWaiter checks which release
+// notifications wake an advisory store's free-watchers: not those of the
+// holder its lock waiter waits on, nor the late one of the holder it saw
+// go (it wakes them itself, once the lock is free); but those of any other
+// backend, and of the holder that went once it holds again.
+func TestReleaseNotificationsCoveredByTheLockWaiter(t *testing.T) {
+	t.Parallel()
+	w := wakeups{watchers: map[string]map[chan struct{}]bool{}, covered: map[string]*coverage{}}
+	free, all := make(chan struct{}, 1), make(chan struct{}, 1)
+	w.addLocked("n", free, true)
+	w.addLocked("n", all, false)
+	check := func(what string, payload string, pid uint32, wantFree bool) {
+		t.Helper()
+		drain(free)
+		drain(all)
+		w.notified(payload, pid)
+		gotFree, gotAll := len(free) == 1, len(all) == 1
+		if gotFree != wantFree || !gotAll {
+			t.Errorf("%s: free-watcher woken %v, watcher woken %v; want %v, true", what, gotFree, gotAll, wantFree)
+		}
+	}
+	const holder, other = 7, 8
+	check("a release with no lock waiter waiting", "n", holder, true)
+	w.expect("n", holder)
+	check("a release by the holder waited on", "n", holder, false)
+	if !w.releaseSeen("n") {
+		t.Error("releaseSeen after the holder's release notification: false")
+	}
+	check("a release by another backend", "n", other, true)
+	w.settle("n", true)
+	if w.releaseSeen("n") {
+		t.Error("releaseSeen after settle: true")
+	}
+	check("a late release by the holder seen to go", "n", holder, false)
+	check("a grant to the holder seen to go", payloadGrant+"n", holder, false)
+	check("its next release", "n", holder, true)
+}
