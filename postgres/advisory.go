@@ -102,13 +102,15 @@ import (
 // watchers. Lock waiters never touch the lock itself, so the first
 // candidate to come takes it in one round trip; and as the mark belongs
 // to the holder's backend, the next holder takes its own at once, without
-// waiting for the lock waiters to let go of the last one. A lock waiter
-// that sees the mark freed wakes the watchers once the lock is free too (a
-// session that ends frees its locks one after another). A release sends
+// waiting for the lock waiters to let go of the last one. A release sends
 // its notification before it unlocks, and a process whose lock waiter is
-// sure to see the unlock, or has just seen it, keeps the notification from
-// waking its followers of free leases (leader.FreeWatcher) a second time:
-// each is woken once, when the lock is free. A holder without its mark
+// waiting on that holder's mark, or has just seen it go, keeps the
+// notification from waking its followers of free leases
+// (leader.FreeWatcher) a second time: each is woken once per handover. A
+// session that ends frees its locks one after another, so its lock may
+// outlast its mark by a moment: a candidate woken then that finds the lock
+// still held by the backend that went looks again, for up to 500 ms,
+// instead of taking the refusal. A holder without its mark
 // (a stray session holds the same two int4 keys, or a store of an older
 // version holds the lock) is waited for on the lock itself; a follower
 // that then comes while lock waiters hold the lock shared waits for them
@@ -170,11 +172,10 @@ const (
 	// without its mark waits before it looks again; if it finds the same,
 	// it waits on the lock itself.
 	markLook = 20 * time.Millisecond
-	// lingerLook and lingerFor: how often, and for how long at most, a
-	// lock waiter that saw a holder's mark freed looks whether the
-	// holder's lock is freed too (see holderGone).
-	lingerLook = time.Millisecond
-	lingerFor  = 500 * time.Millisecond
+	// lingerFor is how long after a lock waiter saw a holder's mark
+	// freed a candidate that finds the lock still held by that holder's
+	// backend looks again (see lingering).
+	lingerFor = 500 * time.Millisecond
 	// minAdvisoryServer is the oldest server version (server_version_num)
 	// with idle_session_timeout.
 	minAdvisoryServer = 140000
@@ -503,7 +504,7 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 				return leader.Lease{}, false, errors.Join(errSessionReset, err)
 			}
 		}
-		if r.granted() || r.held || attempt == settleAttempts {
+		if r.granted() || (r.held && !s.lingering(name, r.previousPID)) || attempt == settleAttempts {
 			return r.lease(name, c.ID, ttl), r.granted(), nil
 		}
 		timer := time.NewTimer(time.Duration(attempt) * time.Millisecond)
@@ -520,8 +521,8 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 // grant that took name's lock from its holder of backend pid, which left
 // without a release, may be reported. The grace is counted from when
 // name's lock waiter saw that holder's mark freed, if it did so within the
-// grace (the server frees the mark and the lock together, before the
-// waiter sees it), and from now otherwise.
+// grace, and from now otherwise. The server frees a session's locks as the
+// session ends, so the grace is never counted from before the end.
 func (s *AdvisoryStore) graceLeft(name string, pid *int32) time.Duration {
 	grace := s.opts.TakeoverGrace
 	if pid == nil {
@@ -537,6 +538,21 @@ func (s *AdvisoryStore) graceLeft(name string, pid *int32) time.Duration {
 		return grace - since
 	}
 	return grace
+}
+
+// lingering reports whether name's lock waiter saw the mark of the holder
+// of backend pid freed within lingerFor: a session that ends frees its
+// locks one lock partition after another, so a candidate that finds the
+// lock held by that backend still is to look again, not to be refused for
+// the rest of the lease.
+func (s *AdvisoryStore) lingering(name string, pid *int32) bool {
+	if pid == nil {
+		return false
+	}
+	s.smu.Lock()
+	f, ok := s.freed[name]
+	s.smu.Unlock()
+	return ok && f.pid == *pid && time.Since(f.at) < lingerFor
 }
 
 // freeing is when a lock waiter saw the holder of backend pid free a

@@ -307,13 +307,15 @@ func TestAdvisoryCandidatesShareAnAttempt(t *testing.T) {
 	}
 }
 
-// TestAdvisoryLockWaiterWakesOnceTheLockIsFree checks that a lock waiter
-// that sees the holder's mark freed wakes the watchers only once the lock
-// is free too. A session that ends frees its locks one lock partition
-// after another, so its lock may outlast its mark by a moment; a wake-up
-// in that moment would find the lock held still, and none would follow
-// until the lock waiter's poll (5 s). The holder here lets go of its mark
-// without a release, then of its lock 15 ms later.
+// TestAdvisoryLockWaiterWakesOnceTheLockIsFree checks that the watchers
+// are woken after a holder's lock is freed, also when the lock outlasts
+// the holder's mark: a session that ends frees its locks one lock
+// partition after another, and a wake-up at the mark alone would find the
+// lock still held, with none to follow until the lock waiter's poll (5 s).
+// And a candidate woken at the mark that finds the lock still held by the
+// backend that went looks again, and is granted, instead of being refused
+// for the rest of the lease. The holder here lets go of its mark without a
+// release, then of its lock 15 ms later.
 func TestAdvisoryLockWaiterWakesOnceTheLockIsFree(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
@@ -371,5 +373,48 @@ func TestAdvisoryLockWaiterWakesOnceTheLockIsFree(t *testing.T) {
 		case <-timeout:
 			t.Fatalf("no wake-up within 3s of the lock being let go, 15 ms after the mark")
 		}
+	}
+}
+
+// TestAdvisoryCandidateLooksAgainWhileTheLockOutlastsTheMark: see
+// TestAdvisoryLockWaiterWakesOnceTheLockIsFree.
+func TestAdvisoryCandidateLooksAgainWhileTheLockOutlastsTheMark(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	others := setupAdvisory(t, pool, Options{TakeoverGrace: time.Millisecond})
+	const name = "outlasting"
+	key := holders.Key(name)
+	free, err := others.WatchFree(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := mustGrant(t, holders, name, candidate("alice"), time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	drain(free)
+
+	// The holder lets go of its mark, and of its lock 15 ms later, in a
+	// goroutine, while the candidate, woken at the mark, tries.
+	unlocked := make(chan error, 1)
+	go func() {
+		unlocked <- holders.holderSession(t, name).do(callCtx(t), holders, false, func(conn *pgx.Conn) error {
+			if _, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock("+markClass+", pg_backend_pid())"); err != nil {
+				return err
+			}
+			time.Sleep(15 * time.Millisecond)
+			_, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock($1)", key)
+			return err
+		})
+	}()
+	waitWake(t, free, "after the holder let go of its mark")
+	l, granted := mustAcquire(t, others, name, candidate("bob"), time.Minute)
+	if err := <-unlocked; err != nil {
+		t.Fatal(err)
+	}
+	if !granted || l.Term != held.Term+1 {
+		t.Errorf("a candidate woken while the lock outlasted the mark: %+v granted %v; want granted with term %d", l, granted, held.Term+1)
 	}
 }

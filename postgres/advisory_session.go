@@ -422,7 +422,7 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 // first of them takes it at once. The release notifications of the
 // holder it waits on, and of the last holder it saw go, wake only the
 // watchers of grants (see coverage), so that a follower is woken once per
-// handover, and only once the lock is free. A holder without its mark
+// handover. A holder without its mark
 // (a grant in flight, or a store of an older version) is waited for on
 // the lock itself, as before the mark.
 func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}) error {
@@ -479,51 +479,23 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		}
 		unmarked = 0
 		s.wakeups.expect(name, uint32(*marked))
-		var lingers bool
-		err := conn.QueryRow(ctx, s.sql.markWait, *marked, hi, lo).Scan(&lingers)
-		// A release unlocks the lock before the mark; a session that
-		// ended may free them in either order (see holderGone).
-		released := err == nil && s.wakeups.releaseSeen(name)
-		if err == nil && lingers {
-			released, err = s.holderGone(ctx, conn, name, *marked, hi, lo)
-		}
+		_, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", *marked)
 		// The wake below covers any release that came meanwhile.
 		s.wakeups.settle(name, err == nil)
 		if err != nil {
 			return err // waitLoop wakes the watchers
 		}
-		if !released {
-			s.smu.Lock()
-			s.freed[name] = freeing{pid: *marked, at: time.Now()}
-			s.smu.Unlock()
-		}
+		// A release unlocks the lock before the mark. A session that
+		// ended frees its locks one lock partition after another, so its
+		// lock may outlast its mark by a moment: a candidate woken now
+		// that finds the lock still held by that backend looks again
+		// (see lingering), and this lock waiter's next look wakes the
+		// watchers again if it found the lock held (owed).
+		s.smu.Lock()
+		s.freed[name] = freeing{pid: *marked, at: time.Now()}
+		s.smu.Unlock()
 		owed = false
 		s.wake(name)
-	}
-}
-
-// holderGone waits, after the holder of backend pid let go of its mark,
-// until it no longer holds the lock of name either, and reports whether it
-// released name. A release commits its row before it unlocks, so the look
-// after the mark sees it. A session that ends frees its locks one lock
-// partition after another: its lock may outlast its mark by a moment, and
-// a wake-up then would find the lock still held, and no other wake-up
-// would follow. holderGone looks every lingerLook for up to lingerFor, then
-// reports anyway: the lock waiter's next look finds the lock held still,
-// and waits on it.
-func (s *AdvisoryStore) holderGone(ctx context.Context, conn *pgx.Conn, name string, pid int32, hi, lo int64) (released bool, err error) {
-	deadline := time.Now().Add(lingerFor)
-	for {
-		var lingers bool
-		if err := conn.QueryRow(ctx, s.sql.released, name, pid, hi, lo).Scan(&released, &lingers); err != nil {
-			return false, err
-		}
-		if !lingers || time.Now().After(deadline) {
-			return released, nil
-		}
-		if err := sleepCtx(ctx, lingerLook); err != nil {
-			return false, err
-		}
 	}
 }
 

@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantLocked, queue, regrant, renew, release, unlock, observe, waiter, markWait, released, heldHere string
+	grant, grantLocked, queue, regrant, renew, release, unlock, observe, waiter, heldHere string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -288,25 +288,6 @@ SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM disarmed)`,
 		// holder holds its mark too (NULL if not).
 		waiter: `WITH k AS (` + heldBy("$1", "$2") + `)
 SELECT EXISTS (SELECT FROM k), (SELECT k.pid FROM k WHERE EXISTS (` + markedBy("k.pid") + `) LIMIT 1)`,
-
-		// Mark wait, a lock waiter's wait for the holder of backend $1 to
-		// let go of its mark: it takes the mark shared, lets it go, and
-		// then (OFFSET 0 keeps the subquery apart, so that it runs first)
-		// reports whether that backend holds the lock of key halves $2
-		// and $3 still (see released). pg_locks shows the locks as they
-		// are when it is read, not as of the statement's snapshot.
-		markWait: `SELECT EXISTS (` + heldBy("$2", "$3") + ` AND l.pid = w.pid)
-FROM (SELECT $1::int AS pid, pg_advisory_lock_shared(` + markClass + `, $1), pg_advisory_unlock_shared(` + markClass + `, $1) OFFSET 0) AS w`,
-
-		// Released: for a lock waiter that saw the holder of backend $2 let
-		// go of its mark, whether it released name $1 (the row no longer
-		// names it as the holder), and whether it holds the lock still
-		// ($3 and $4 the key's halves). A session that ends lets go of its
-		// locks one lock partition after another, so its mark may be freed
-		// a moment before its lock.
-		released: fill(`SELECT NOT EXISTS (
-	SELECT FROM {t} AS a WHERE a.name = $1 AND a.holder_pid = $2 AND a.holder_token IS NOT NULL),
-	EXISTS (` + heldBy("$3", "$4") + ` AND l.pid = $2)`),
 
 		// Held here: whether this session holds the lock; $1 and $2 the
 		// key's halves.

@@ -239,16 +239,6 @@ func (w *wakeups) settle(name string, sawGo bool) {
 	c.waiting, c.released = 0, false
 }
 
-// releaseSeen reports whether the holder that name's lock waiter waits on
-// sent a release notification since expect: it released, and so unlocked
-// its lock before its mark.
-func (w *wakeups) releaseSeen(name string) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	c := w.covered[name]
-	return c != nil && c.waiting != 0 && c.released
-}
-
 // uncover forgets name's lock waiter, which has stopped.
 func (w *wakeups) uncover(name string) {
 	w.mu.Lock()

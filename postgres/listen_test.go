@@ -371,14 +371,8 @@ func TestReleaseNotificationsCoveredByTheLockWaiter(t *testing.T) {
 	check("a release with no lock waiter waiting", "n", holder, true)
 	w.expect("n", holder)
 	check("a release by the holder waited on", "n", holder, false)
-	if !w.releaseSeen("n") {
-		t.Error("releaseSeen after the holder's release notification: false")
-	}
 	check("a release by another backend", "n", other, true)
 	w.settle("n", true)
-	if w.releaseSeen("n") {
-		t.Error("releaseSeen after settle: true")
-	}
 	check("a late release by the holder seen to go", "n", holder, false)
 	check("a grant to the holder seen to go", payloadGrant+"n", holder, false)
 	check("its next release", "n", holder, true)
