@@ -422,17 +422,16 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 // first of them takes it at once. The release notifications of the
 // holder it waits on, and of the last holder it saw go, wake only the
 // watchers of grants (see coverage), so that a follower is woken once per
-// handover. A holder without its mark
-// (a grant in flight, or a store of an older version) is waited for on
-// the lock itself, as before the mark.
+// handover. A holder without its mark (a grant in flight, or a store of
+// an older version) is waited for on the lock itself, as before the mark.
 func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}) error {
 	key := s.Key(name)
 	hi, lo := keyHalves(key)
 	unmarked := 0 // looks in a row that found the lock held without its mark
-	// owed: a look found the lock held, and no wake-up (this lock
-	// waiter's, or a release's notification) has covered its end yet. A
-	// look that then finds the lock free wakes the watchers: a holder may
-	// go between two looks, as one that dies within markLook of its grant.
+	// owed: a look found the lock held, and this lock waiter has not
+	// woken the watchers since. A look that then finds the lock free
+	// wakes them: a holder may go between two looks, as one whose lock
+	// outlasts its mark, or one that dies within markLook of its grant.
 	owed := false
 	for {
 		select {

@@ -249,9 +249,8 @@ FROM cur AS c`),
 		// round trip (see releaseOn). So the notification goes out while
 		// the lock is still held, and a lock waiter that will see the
 		// unlock keeps it from waking the followers a second time (see
-		// coverage); and a lock waiter that sees the unlock sees the row
-		// released too. A follower that comes between the two sees the
-		// lock taken and the row free, and looks again (see acquireOn).
+		// coverage). A follower that comes between the two sees the lock
+		// taken and the row free, and looks again (see acquireOn).
 		release: fill(`
 WITH released AS (
 	UPDATE {t} AS a
