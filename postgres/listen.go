@@ -179,9 +179,8 @@ func (w *wakeups) notified(payload string, pid uint32) {
 			c.gone = 0
 		case !granted && pid == c.waiting:
 			// The lock waiter waits on this holder's mark, and will
-			// wake the free-watchers once the lock is free: waking
-			// them now would cost each follower a second attempt.
-			c.released = true
+			// wake the free-watchers when the holder lets go of it:
+			// waking them now would cost each follower a second attempt.
 			granted = true // wake only those that watch grants too
 		case !granted && pid == c.gone:
 			// The release of the holder that the lock waiter saw go,
@@ -201,14 +200,12 @@ func (w *wakeups) wake(name string) {
 
 // coverage is, for a name of the advisory store, what its lock waiter
 // does for notified: the backend PID of the holder whose mark it waits on
-// (waiting; 0 if none), whether a release notification from that backend
-// came meanwhile (released), and the backend PID of the last holder it
-// saw go (gone). A release notification from either does not wake the
-// free-watchers (leader.FreeWatcher): the lock waiter does, once the lock
-// is free, and each follower is woken once per handover.
+// (waiting; 0 if none), and of the last holder it saw go (gone). A release
+// notification from either does not wake the free-watchers
+// (leader.FreeWatcher): the lock waiter does, as the holder lets go of its
+// mark, and each follower is woken once per handover.
 type coverage struct {
 	waiting, gone uint32
-	released      bool
 }
 
 // expect tells notified that name's lock waiter is about to wait on the
@@ -221,7 +218,7 @@ func (w *wakeups) expect(name string, pid uint32) {
 		c = &coverage{}
 		w.covered[name] = c
 	}
-	c.waiting, c.released = pid, false
+	c.waiting = pid
 }
 
 // settle ends expect: if sawGo, the lock waiter saw the holder go and
@@ -236,7 +233,7 @@ func (w *wakeups) settle(name string, sawGo bool) {
 	if sawGo {
 		c.gone = c.waiting
 	}
-	c.waiting, c.released = 0, false
+	c.waiting = 0
 }
 
 // uncover forgets name's lock waiter, which has stopped.
