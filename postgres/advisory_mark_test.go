@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
@@ -73,6 +74,23 @@ func (s *AdvisoryStore) holderPID(t *testing.T, name string) int32 {
 	ss.turn <- struct{}{}
 	defer func() { <-ss.turn }()
 	return int32(ss.conn.PgConn().PID())
+}
+
+// waitFirstLook waits until the lock waiter of name has made its first
+// look, and woken the watchers if it found the lock free.
+func (s *AdvisoryStore) waitFirstLook(t *testing.T, name string) {
+	t.Helper()
+	s.smu.Lock()
+	w := s.waiters[name]
+	s.smu.Unlock()
+	if w == nil {
+		t.Fatalf("no lock waiter for %q", name)
+	}
+	select {
+	case <-w.looked:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the lock waiter of %q made no first look within 30s", name)
+	}
 }
 
 // TestAdvisoryLockWaitersWaitOnTheHoldersMark checks that a holder takes
@@ -416,5 +434,77 @@ func TestAdvisoryCandidateLooksAgainWhileTheLockOutlastsTheMark(t *testing.T) {
 	}
 	if !granted || l.Term != held.Term+1 {
 		t.Errorf("a candidate woken while the lock outlasted the mark: %+v granted %v; want granted with term %d", l, granted, held.Term+1)
+	}
+}
+
+// TestAdvisoryLockWaiterWakesForAHolderGoneBeforeItsFirstLook checks that
+// a lock waiter whose first look finds the lock free wakes the watchers:
+// a watcher that read the lease before the lock waiter was connected may
+// have seen a holder that went before that first look. The lock waiter's
+// connection here is held back until the holder's session has ended
+// without a release (pg_terminate_backend: no notification), while the
+// store's listener already listens (it wakes every watcher when it starts).
+func TestAdvisoryLockWaiterWakesForAHolderGoneBeforeItsFirstLook(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	const name = "gone-first"
+	mustGrant(t, holders, name, candidate("alice"), time.Minute)
+	pid := holders.holderPID(t, name)
+
+	// The watchers' store connects through a gate, closed once the store
+	// is set up, so that its lock waiter and listener connect only after
+	// the holder went.
+	var gated atomic.Bool
+	gate := make(chan struct{})
+	config := pool.Config()
+	config.ConnConfig.AfterConnect = func(ctx context.Context, _ *pgconn.PgConn) error {
+		if !gated.Load() {
+			return nil
+		}
+		select {
+		case <-gate:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	gatedPool, err := pgxpool.NewWithConfig(callCtx(t), config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gatedPool.Close)
+	watchers := setupAdvisory(t, gatedPool, Options{})
+	// The listener connects at the first watch, and wakes every watcher
+	// once it listens: start it before the gate.
+	other, err := watchers.WatchFree(t.Context(), "another")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitWake(t, other, "once the listener listens")
+	gated.Store(true)
+	ch, err := watchers.WatchFree(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := watchers.Observe(callCtx(t), name); err != nil || !l.Held() {
+		t.Fatalf("Observe before the holder went: %+v, %v; want held", l, err)
+	}
+	if _, err := pool.Exec(callCtx(t), "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	electortest.Eventually(t, 10*time.Second, "the holder's session to end", func() bool {
+		var n int
+		if err := pool.QueryRow(callCtx(t), "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	drain(ch)
+	close(gate)
+	select {
+	case <-ch:
+	case <-time.After(3 * time.Second):
+		t.Fatal("no wake-up within 3s of a lock waiter's first look finding free the lock a watcher saw held")
 	}
 }

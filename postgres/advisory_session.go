@@ -281,7 +281,14 @@ func (s *AdvisoryStore) reap() {
 type lockWaiter struct {
 	refs int
 	stop context.CancelFunc
+	// looked is closed after the lock waiter's first look, and the
+	// wake-up that look may owe (see waitOn). Tests wait on it.
+	looked   chan struct{}
+	lookOnce sync.Once
 }
+
+// firstLookDone closes w.looked, once.
+func (w *lockWaiter) firstLookDone() { w.lookOnce.Do(func() { close(w.looked) }) }
 
 // Watch implements leader.Store. The channel receives a value soon after the
 // lock for name is released or granted (a NOTIFY, as for the LeaseStore),
@@ -317,9 +324,9 @@ func (s *AdvisoryStore) watch(ctx context.Context, name string, freeOnly bool) (
 	w := s.waiters[name]
 	if w == nil {
 		wctx, cancel := context.WithCancel(context.Background())
-		w = &lockWaiter{stop: cancel}
+		w = &lockWaiter{stop: cancel, looked: make(chan struct{})}
 		s.waiters[name] = w
-		s.bg.Go(func() { s.waitLoop(wctx, name) })
+		s.bg.Go(func() { s.waitLoop(wctx, name, w) })
 	}
 	w.refs++
 	context.AfterFunc(ctx, func() {
@@ -337,7 +344,7 @@ func (s *AdvisoryStore) watch(ctx context.Context, name string, freeOnly bool) (
 
 // waitLoop runs name's lock waiter until ctx ends, connecting again with
 // backoff when its connection fails.
-func (s *AdvisoryStore) waitLoop(ctx context.Context, name string) {
+func (s *AdvisoryStore) waitLoop(ctx context.Context, name string, w *lockWaiter) {
 	sub := make(chan struct{}, 1) // grants and releases of name
 	s.wakeups.mu.Lock()
 	s.wakeups.addLocked(name, sub, false)
@@ -357,7 +364,7 @@ func (s *AdvisoryStore) waitLoop(ctx context.Context, name string) {
 				log.Info("lock waiter is back")
 			}
 			retry, failures = listenRetryMin, 0
-			err = s.waitOn(ctx, conn, name, sub)
+			err = s.waitOn(ctx, conn, name, sub, w)
 			closeConn(conn)
 			if ctx.Err() == nil {
 				s.wake(name) // the holder may have gone while we were not waiting
@@ -424,7 +431,7 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 // watchers of grants (see coverage), so that a follower is woken once per
 // handover. A holder without its mark (a grant in flight, or a store of
 // an older version) is waited for on the lock itself, as before the mark.
-func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}) error {
+func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}, w *lockWaiter) error {
 	key := s.Key(name)
 	hi, lo := keyHalves(key)
 	unmarked := 0 // looks in a row that found the lock held without its mark
@@ -432,7 +439,10 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 	// woken the watchers since. A look that then finds the lock free
 	// wakes them: a holder may go between two looks, as one whose lock
 	// outlasts its mark, or one that dies within markLook of its grant.
-	owed := false
+	// The first look is owed too: a watcher may have seen a holder that
+	// went before this lock waiter was connected, with no notification
+	// (a session that ended) and after the listener's wake-up at LISTEN.
+	owed := true
 	for {
 		select {
 		case <-sub: // about to look anyway
@@ -451,12 +461,14 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 				owed = false
 				s.wake(name)
 			}
+			w.firstLookDone()
 			if err := awaitEvent(ctx, sub, waiterPoll); err != nil {
 				return err
 			}
 			continue
 		}
 		owed = true
+		w.firstLookDone()
 		if marked == nil && unmarked == 0 {
 			// Most likely a grant between its lock and its mark: look
 			// again after its notification.

@@ -298,9 +298,13 @@ func TestWatchFreeSkipsGrants(t *testing.T) {
 				// every watcher once it listens; then the channels are
 				// quiet until the next event.
 				waitListening(t, b)
-				drain(free)
-				drain(all)
 			}
+			if s == advisory {
+				// So does the lock waiter's first look, the lock free.
+				advisory.waitFirstLook(t, name)
+			}
+			drain(free)
+			drain(all)
 			long := len(name) > maxPayloadLength-2 // sent as the empty payload: every watcher wakes
 			alice := candidate("alice")
 			for range 3 {
