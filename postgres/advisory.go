@@ -106,11 +106,17 @@ import (
 // its notification before it unlocks, and a process whose lock waiter is
 // waiting on that holder's mark, or has just seen it go, keeps the
 // notification from waking its followers of free leases
-// (leader.FreeWatcher) a second time: each is woken once per handover. A
+// (leader.FreeWatcher) a second time: each is woken once per handover.
+// Having woken them, a lock waiter looks at the lock again only at the next
+// grant's notification, or 20 ms later: a look reads the server's lock
+// view, which would slow the candidates' statements. A refused candidate
+// is told the holder from the row, checked by a try of the holder's mark
+// rather than read from the lock view, for the same reason. A
 // session that ends frees its locks one after another, so its lock may
 // outlast its mark by a moment: a candidate woken then that finds the lock
 // still held by the backend that went looks again, for up to 500 ms,
-// instead of taking the refusal. A holder without its mark
+// instead of taking the refusal; and the lock waiter wakes the watchers
+// again if it finds the lock free 20 ms later. A holder without its mark
 // (a stray session holds the same two int4 keys, or a store of an older
 // version holds the lock) is waited for on the lock itself; a follower
 // that then comes while lock waiters hold the lock shared waits for them
@@ -467,9 +473,21 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 	// statement, but on a busy server that takes a few milliseconds: the
 	// first time, queue for the lock behind them instead of polling (see
 	// queue).
+	//
+	// The first attempts are quick (grantQuick): a refused candidate is
+	// settled if the row names a holder whose backend holds its mark, and
+	// that this store's lock waiter has not just seen go; it reads neither
+	// the server's lock view nor its whole activity view, which would slow
+	// the winner's statement beside it. The later attempts read the lease
+	// as Observe does, and tell a lock held by lock waiters alone (see
+	// queue) from one held by a candidate.
 	queued := false
-	for attempt := 1; ; attempt++ {
-		r, err := s.grantOn(ctx, conn, ss, name, c, s.sql.grant, iv, ms, idle, every, hi, lo)
+	for attempt := 0; ; attempt++ {
+		stmt := s.sql.grant
+		if attempt < quickAttempts {
+			stmt = s.sql.grantQuick
+		}
+		r, err := s.grantOn(ctx, conn, ss, name, c, stmt, iv, ms, idle, every, hi, lo)
 		if err != nil {
 			// The statement may have taken the lock before it failed, and
 			// a session lock outlives the failed transaction: close the
@@ -507,7 +525,7 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 		if r.granted() || (r.held && !s.lingering(name, r.previousPID)) || attempt == settleAttempts {
 			return r.lease(name, c.ID, ttl), r.granted(), nil
 		}
-		timer := time.NewTimer(time.Duration(attempt) * time.Millisecond)
+		timer := time.NewTimer(time.Duration(max(attempt, 1)) * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -578,8 +596,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // settleAttempts bounds how often acquireOn tries when the lease's state is
-// not settled; the waits between add up to about 50 ms.
-const settleAttempts = 10
+// not settled; the waits between add up to about 50 ms. The first
+// quickAttempts of them read the row alone.
+const (
+	settleAttempts = 10
+	quickAttempts  = 3
+)
 
 // queueWait bounds how long a candidate waits in the lock's queue for lock
 // waiters to let go of it (see acquireOn). It is long enough for a busy

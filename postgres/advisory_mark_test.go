@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -506,5 +507,104 @@ func TestAdvisoryLockWaiterWakesForAHolderGoneBeforeItsFirstLook(t *testing.T) {
 	case <-ch:
 	case <-time.After(3 * time.Second):
 		t.Fatal("no wake-up within 3s of a lock waiter's first look finding free the lock a watcher saw held")
+	}
+}
+
+// statementTimes records when statements of interest start and end, as a
+// pgx tracer.
+type statementTimes struct {
+	mu     sync.Mutex
+	match  map[string]string // SQL → label
+	events []statementEvent
+}
+
+type statementEvent struct {
+	label string
+	end   bool
+	at    time.Time
+}
+
+type statementLabel struct{}
+
+func (s *statementTimes) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	label, ok := s.match[d.SQL]
+	if !ok {
+		return ctx
+	}
+	s.events = append(s.events, statementEvent{label: label, at: time.Now()})
+	return context.WithValue(ctx, statementLabel{}, label)
+}
+
+func (s *statementTimes) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	label, ok := ctx.Value(statementLabel{}).(string)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, statementEvent{label: label, end: true, at: time.Now()})
+}
+
+// after returns when the first event of label (a start, or an end if end)
+// after t happened, if one has.
+func (s *statementTimes) after(t time.Time, label string, end bool) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.events {
+		if e.label == label && e.end == end && e.at.After(t) {
+			return e.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// TestAdvisoryLockWaiterStaysOutOfTheCandidatesWay checks that a lock
+// waiter that saw a holder's mark freed does not look at the lock again
+// (a read of pg_locks) while the candidates it woke try for it: only at
+// the next grant's notification, or markLook later. Here no one is granted.
+func TestAdvisoryLockWaiterStaysOutOfTheCandidatesWay(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	const name = "out-of-the-way"
+	key := holders.Key(name)
+	mark := "SELECT pg_advisory_lock_shared(" + markClass + ", $1), pg_advisory_unlock_shared(" + markClass + ", $1)"
+	times := &statementTimes{}
+	config := pool.Config()
+	config.ConnConfig.Tracer = times
+	tracedPool, err := pgxpool.NewWithConfig(callCtx(t), config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tracedPool.Close)
+	watchers := setupAdvisory(t, tracedPool, Options{})
+	times.mu.Lock()
+	times.match = map[string]string{mark: "mark", watchers.sql.waiter: "look"}
+	times.mu.Unlock()
+	if _, err := watchers.WatchFree(t.Context(), name); err != nil {
+		t.Fatal(err)
+	}
+	mustGrant(t, holders, name, candidate("alice"), time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	killed := time.Now()
+	if _, err := pool.Exec(callCtx(t), "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	var freed, look time.Time
+	electortest.Eventually(t, 10*time.Second, "the lock waiter's look after the mark was freed", func() bool {
+		var ok bool
+		if freed, ok = times.after(killed, "mark", true); !ok {
+			return false
+		}
+		look, ok = times.after(freed, "look", false)
+		return ok
+	})
+	if gap := look.Sub(freed); gap < markLook {
+		t.Errorf("the lock waiter looked again %v after the mark was freed, with no grant; want markLook (%v) or more", gap, markLook)
 	}
 }

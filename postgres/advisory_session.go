@@ -345,9 +345,9 @@ func (s *AdvisoryStore) watch(ctx context.Context, name string, freeOnly bool) (
 // waitLoop runs name's lock waiter until ctx ends, connecting again with
 // backoff when its connection fails.
 func (s *AdvisoryStore) waitLoop(ctx context.Context, name string, w *lockWaiter) {
-	sub := make(chan struct{}, 1) // grants and releases of name
+	sub := make(chan struct{}, 1) // grants of name
 	s.wakeups.mu.Lock()
-	s.wakeups.addLocked(name, sub, false)
+	s.wakeups.addLocked(name, sub, watchGrants)
 	s.wakeups.mu.Unlock()
 	defer func() {
 		s.wakeups.mu.Lock()
@@ -428,8 +428,8 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 // with the lock: the lock itself is left to candidates alone, and the
 // first of them takes it at once. The release notifications of the
 // holder it waits on, and of the last holder it saw go, wake only the
-// watchers of grants (see coverage), so that a follower is woken once per
-// handover. A holder without its mark (a grant in flight, or a store of
+// watchers of every event (see coverage), so that a follower is woken once
+// per handover. Its own subscription, sub, is to grants alone. A holder without its mark (a grant in flight, or a store of
 // an older version) is waited for on the lock itself, as before the mark.
 func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}, w *lockWaiter) error {
 	key := s.Key(name)
@@ -443,37 +443,46 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 	// went before this lock waiter was connected, with no notification
 	// (a session that ended) and after the listener's wake-up at LISTEN.
 	owed := true
+	// gone is the backend whose mark this lock waiter last saw freed, and
+	// woke the watchers for; 0 if none. Its lock may outlast its mark if
+	// its session ended (and its row still names it), so a look that finds
+	// the lock free while its row still names gone wakes the watchers
+	// again. After a release (which clears the row first) it does not: the
+	// candidates woken at the mark may simply not have come yet.
+	var gone int32
 	for {
 		select {
 		case <-sub: // about to look anyway
 		default:
 		}
 		var (
-			held   bool
-			marked *int32 // the holder's PID, if it holds its mark
+			held      bool
+			marked    *int32 // the holder's PID, if it holds its mark
+			rowHolder *int32 // the backend the row names, if it has a holder
 		)
-		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo).Scan(&held, &marked); err != nil {
+		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&held, &marked, &rowHolder); err != nil {
 			return err // waitLoop wakes the watchers
 		}
 		if !held {
 			unmarked = 0
-			if owed {
+			if owed || (gone != 0 && rowHolder != nil && *rowHolder == gone) {
 				owed = false
 				s.wake(name)
 			}
+			gone = 0
 			w.firstLookDone()
-			if err := awaitEvent(ctx, sub, waiterPoll); err != nil {
+			if _, err := awaitEvent(ctx, sub, waiterPoll); err != nil {
 				return err
 			}
 			continue
 		}
-		owed = true
+		owed, gone = true, 0
 		w.firstLookDone()
 		if marked == nil && unmarked == 0 {
 			// Most likely a grant between its lock and its mark: look
 			// again after its notification.
 			unmarked++
-			if err := awaitEvent(ctx, sub, markLook); err != nil {
+			if _, err := awaitEvent(ctx, sub, markLook); err != nil {
 				return err
 			}
 			continue
@@ -501,25 +510,37 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		// lock may outlast its mark by a moment: a candidate woken now
 		// that finds the lock still held by that backend looks again
 		// (see lingering), and this lock waiter's next look wakes the
-		// watchers again if it found the lock held (owed).
+		// watchers again if it finds the lock held (owed), or free with
+		// the row still naming that backend (gone).
 		s.smu.Lock()
 		s.freed[name] = freeing{pid: *marked, at: time.Now()}
 		s.smu.Unlock()
-		owed = false
+		owed, gone = false, *marked
 		s.wake(name)
+		// Stay out of the way of the candidates just woken, whose
+		// statements the winner's waits behind on a busy server: look
+		// again at the next grant's notification, or after markLook.
+		select {
+		case <-sub: // a grant before the one the candidates are racing for
+		default:
+		}
+		if _, err := awaitEvent(ctx, sub, markLook); err != nil {
+			return err
+		}
 	}
 }
 
 // awaitEvent waits for a value on sub, or for d, or until ctx ends,
-// returning ctx.Err() then.
-func awaitEvent(ctx context.Context, sub <-chan struct{}, d time.Duration) error {
+// returning ctx.Err() then. It reports whether a value came.
+func awaitEvent(ctx context.Context, sub <-chan struct{}, d time.Duration) (came bool, err error) {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	case <-sub:
+		return true, nil
 	case <-timer.C:
+		return false, nil
 	}
-	return nil
 }

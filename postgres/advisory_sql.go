@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantLocked, queue, regrant, renew, release, unlock, observe, waiter, heldHere string
+	grant, grantQuick, grantLocked, queue, regrant, renew, release, unlock, observe, waiter, heldHere string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -100,20 +100,29 @@ const followerSettings = `set_config('idle_session_timeout', '0', false),
 func observeRow(table, name, hi, lo string) string {
 	return `SELECT a.term, a.holder_id, a.acquired_at, a.ttl, h.pid IS NOT NULL AS held,
 		EXISTS (` + heldBy(hi, lo) + `) AS locked,
-		CASE
-			WHEN h.pid IS NULL THEN interval '0'
-			WHEN act.state = 'idle' AND act.state_change IS NOT NULL THEN
-				least(a.ttl, greatest(act.state_change + a.ttl - clock_timestamp(), interval '1 millisecond'))
-			ELSE a.ttl
-		END AS remaining
+		` + remainingSQL("h.pid IS NOT NULL", "a.ttl") + ` AS remaining
 	FROM ` + table + ` AS a
 	LEFT JOIN LATERAL (` + heldBy(hi, lo) + ` AND l.pid = a.holder_pid LIMIT 1) AS h ON true
 	LEFT JOIN pg_stat_activity AS act ON act.pid = h.pid
 	WHERE a.name = ` + name
 }
 
+// remainingSQL returns the SQL expression for how long a lease has left,
+// given the SQL conditions held (whether its holder holds the lock) and the
+// lease's ttl, with act its holder's row of pg_stat_activity (see
+// observeRow).
+func remainingSQL(held, ttl string) string {
+	return `CASE
+			WHEN NOT (` + held + `) THEN interval '0'
+			WHEN act.state = 'idle' AND act.state_change IS NOT NULL THEN
+				least(` + ttl + `, greatest(act.state_change + ` + ttl + ` - clock_timestamp(), interval '1 millisecond'))
+			ELSE ` + ttl + `
+		END`
+}
+
 // grantTemplate is the grant statement, with {lock} the CTE "lk" that takes
-// the lock (see newAdvisoryStatements).
+// the lock, and {cur} and {locked} what a refused candidate reads (see
+// newAdvisoryStatements).
 var grantTemplate = `
 WITH {lock}, marked AS MATERIALIZED (
 	SELECT pg_try_advisory_lock(` + markClass + `, pg_backend_pid()) AS ok FROM lk WHERE lk.got
@@ -137,22 +146,55 @@ WITH {lock}, marked AS MATERIALIZED (
 ), durable AS (
 	SELECT ` + durableCommit + ` FROM granted
 ), cur AS (
-	SELECT o.* FROM (` + observeRow("{t}", "$1", "$10", "$11") + `) AS o WHERE NOT (SELECT lk.got FROM lk)
+	{cur}
 )
 SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
 	(SELECT count(*) FROM armed) + (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
-	coalesce(c.locked, lk.got OR EXISTS (` + heldBy("$10", "$11") + `)),
+	{locked},
 	coalesce((SELECT unreleased FROM previous), false), (SELECT holder_pid FROM previous),
 	coalesce((SELECT ok FROM marked), false)
 FROM lk
 LEFT JOIN granted AS g ON true
 LEFT JOIN cur AS c ON true`
 
+// A refused candidate's view of the lease, in a grant statement: "cur",
+// and "locked" (whether anyone holds the lock exclusively), in one of two
+// forms. observed is the lease as Observe reports it, from the server's
+// lock and activity views. claimed reads neither view whole: the row's
+// holder is taken to hold the lock if its backend holds its mark (see
+// markClass), found by one try of the mark, shared, let go at once if it
+// was granted; someone holds the lock, since it was refused. How long it
+// has left is read from that one backend's activity, as observeRow does.
+// "locked" is true. The lock view costs a busy server time that the
+// winner of a handover, whose statement runs beside the losers', would
+// otherwise wait for.
+var (
+	observedCur    = `SELECT o.* FROM (` + observeRow("{t}", "$1", "$10", "$11") + `) AS o WHERE NOT (SELECT lk.got FROM lk)`
+	observedLocked = `coalesce(c.locked, lk.got OR EXISTS (` + heldBy("$10", "$11") + `))`
+	claimedCur     = `SELECT r.term, r.holder_id, r.acquired_at, r.ttl, r.held, true AS locked,
+		` + remainingSQL("r.held", "r.ttl") + ` AS remaining
+	FROM (
+		SELECT a.term, a.holder_id, a.acquired_at, a.ttl, a.holder_pid,
+			a.holder_token IS NOT NULL AND a.holder_pid IS NOT NULL AND NOT (
+				CASE WHEN pg_try_advisory_lock_shared(` + markClass + `, a.holder_pid)
+				THEN pg_advisory_unlock_shared(` + markClass + `, a.holder_pid) ELSE false END) AS held
+		FROM {t} AS a WHERE a.name = $1 AND NOT (SELECT lk.got FROM lk)
+	) AS r
+	LEFT JOIN LATERAL pg_stat_get_activity(r.holder_pid) AS act ON r.held`
+	claimedLocked = `($10::bigint, $11::bigint) IS NOT NULL` // true; it names $10 and $11, which a statement must use
+)
+
 func newAdvisoryStatements(table string) advisoryStatements {
 	// {t} is the table, {grant} and {release} the NOTIFY payloads of a
 	// grant and a release of the row's name.
 	fill := strings.NewReplacer("{t}", table, "{grant}", grantPayload, "{release}", releasePayload).Replace
+	grant := func(lock, cur, locked string) string {
+		return fill(strings.NewReplacer("{lock}", lock, "{cur}", cur, "{locked}", locked).Replace(grantTemplate))
+	}
+	tryLock := `lk AS MATERIALIZED (
+	SELECT pg_try_advisory_lock($2) AS got
+)`
 	return advisoryStatements{
 		// Grant, on a session that does not hold the lock: $1 name, $2 key,
 		// $3 token, $4 candidate ID, $5 ttl, $6 ttl in ms, $7 keepalive
@@ -176,18 +218,21 @@ func newAdvisoryStatements(table string) advisoryStatements {
 		// "previous", with the backend PID of the last holder, says
 		// whether the last holder left without a release (see
 		// Options.TakeoverGrace).
-		grant: fill(strings.Replace(grantTemplate, "{lock}", `lk AS MATERIALIZED (
-	SELECT pg_try_advisory_lock($2) AS got
-)`, 1)),
+		grant: grant(tryLock, observedCur, observedLocked),
+
+		// Grant, quick: as grant, with the same parameters, but a refused
+		// candidate reads the row alone (claimedCur): the first attempt
+		// of a candidate (see acquireOn).
+		grantQuick: grant(tryLock, claimedCur, claimedLocked),
 
 		// Grant on a session that has just taken the lock (see queue):
 		// as grant, with the same parameters, but "lk" checks that this
 		// backend holds the lock instead of taking it. A statement of its
 		// own, so that its snapshot, taken after the lock, shows the row
 		// as the last holder left it.
-		grantLocked: fill(strings.Replace(grantTemplate, "{lock}", `lk AS MATERIALIZED (
+		grantLocked: grant(`lk AS MATERIALIZED (
 	SELECT EXISTS (`+heldBy("$10", "$11")+` AND l.pid = pg_backend_pid()) AS got
-)`, 1)),
+)`, observedCur, observedLocked),
 
 		// Queue for the lock: $1 key, $2 the longest wait, as a
 		// lock_timeout in ms (text). "lt" sets it for this statement's
@@ -282,11 +327,13 @@ SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM disarmed)`,
 		// Observe: $1 name, $2 and $3 the key's halves.
 		observe: observeRow(table, "$1", "$2", "$3"),
 
-		// Waiter, a lock waiter's look: $1 and $2 the key's halves.
-		// Whether anyone holds the lock, and the PID of its holder if the
-		// holder holds its mark too (NULL if not).
-		waiter: `WITH k AS (` + heldBy("$1", "$2") + `)
-SELECT EXISTS (SELECT FROM k), (SELECT k.pid FROM k WHERE EXISTS (` + markedBy("k.pid") + `) LIMIT 1)`,
+		// Waiter, a lock waiter's look: $1 and $2 the key's halves, $3
+		// the name. Whether anyone holds the lock, the PID of its holder
+		// if the holder holds its mark too (NULL if not), and the backend
+		// that the name's row names as its holder (NULL if none).
+		waiter: fill(`WITH k AS (` + heldBy("$1", "$2") + `)
+SELECT EXISTS (SELECT FROM k), (SELECT k.pid FROM k WHERE EXISTS (` + markedBy("k.pid") + `) LIMIT 1),
+	(SELECT a.holder_pid FROM {t} AS a WHERE a.name = $3 AND a.holder_token IS NOT NULL)`),
 
 		// Held here: whether this session holds the lock; $1 and $2 the
 		// key's halves.

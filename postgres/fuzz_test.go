@@ -165,7 +165,7 @@ func sqlOf(o Options) []string {
 		script = "error: " + err.Error()
 	}
 	return []string{s.acquire, s.renewBatch, s.release, s.observe, r.notifyDurable, r.fetch, r.remove, r.failed,
-		a.grant, a.grantLocked, a.queue, a.regrant, a.renew, a.release, a.unlock, a.observe, a.waiter, a.heldHere, script}
+		a.grant, a.grantQuick, a.grantLocked, a.queue, a.regrant, a.renew, a.release, a.unlock, a.observe, a.waiter, a.heldHere, script}
 }
 
 // documentedOptions returns o with the defaults documented on Options

@@ -37,7 +37,7 @@ type wakeups struct {
 	log     *slog.Logger
 
 	mu       sync.Mutex
-	watchers map[string]map[chan struct{}]bool // channel → freeOnly
+	watchers map[string]map[chan struct{}]watchKind
 	// covered holds, for the advisory store's lock waiters, whose
 	// release notifications not to wake the free-watchers with (see
 	// coverage).
@@ -59,7 +59,7 @@ func newWakeups(config *pgx.ConnConfig, opts Options, what string) wakeups {
 		channel:   opts.Channel,
 		what:      what,
 		log:       opts.Logger.With(slog.String("channel", opts.Channel)),
-		watchers:  make(map[string]map[chan struct{}]bool),
+		watchers:  make(map[string]map[chan struct{}]watchKind),
 		covered:   make(map[string]*coverage),
 		pingEvery: listenPingEvery,
 	}
@@ -104,7 +104,11 @@ func (w *wakeups) watch(ctx context.Context, name string, freeOnly bool) (<-chan
 		w.mu.Unlock()
 		return nil, fmt.Errorf("postgres: %s: %w", call(op, name), ErrClosed)
 	}
-	w.addLocked(name, ch, freeOnly)
+	kind := watchAll
+	if freeOnly {
+		kind = watchFree
+	}
+	w.addLocked(name, ch, kind)
 	if w.stop == nil {
 		// The watcher is registered before the listener starts, so the
 		// wake-up it sends once listening reaches this watcher, covering
@@ -124,15 +128,26 @@ func (w *wakeups) watch(ctx context.Context, name string, freeOnly bool) (<-chan
 	return ch, nil
 }
 
-// addLocked registers ch as a watcher of name, woken for releases only if
-// freeOnly, and for grants and releases otherwise.
-func (w *wakeups) addLocked(name string, ch chan struct{}, freeOnly bool) {
+// watchKind is what wakes a watcher: any event of its name, its releases
+// (leader.FreeWatcher), or its grants (an advisory store's lock waiter).
+// A wake-up of every watcher (wakeAllLocked, and a name too long for a
+// payload) wakes every kind.
+type watchKind uint8
+
+const (
+	watchAll watchKind = iota
+	watchFree
+	watchGrants
+)
+
+// addLocked registers ch as a watcher of name, of the kind given.
+func (w *wakeups) addLocked(name string, ch chan struct{}, kind watchKind) {
 	set := w.watchers[name]
 	if set == nil {
-		set = make(map[chan struct{}]bool)
+		set = make(map[chan struct{}]watchKind)
 		w.watchers[name] = set
 	}
-	set[ch] = freeOnly
+	set[ch] = kind
 }
 
 func (w *wakeups) removeLocked(name string, ch chan struct{}) {
@@ -171,6 +186,10 @@ func (w *wakeups) notified(payload string, pid uint32) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	ev := eventRelease
+	if granted {
+		ev = eventGrant
+	}
 	if c := w.covered[name]; c != nil && pid != 0 {
 		switch {
 		case granted && pid == c.gone:
@@ -181,21 +200,21 @@ func (w *wakeups) notified(payload string, pid uint32) {
 			// The lock waiter waits on this holder's mark, and will
 			// wake the free-watchers when the holder lets go of it:
 			// waking them now would cost each follower a second attempt.
-			granted = true // wake only those that watch grants too
+			ev = eventCovered
 		case !granted && pid == c.gone:
 			// The release of the holder that the lock waiter saw go,
 			// and has woken the free-watchers for.
-			granted = true
+			ev = eventCovered
 		}
 	}
-	w.wakeNameLocked(name, granted)
+	w.wakeNameLocked(name, ev)
 }
 
 // wake wakes every watcher of name: its lease may have become free.
 func (w *wakeups) wake(name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.wakeNameLocked(name, false)
+	w.wakeNameLocked(name, eventRelease)
 }
 
 // coverage is, for a name of the advisory store, what its lock waiter
@@ -243,11 +262,25 @@ func (w *wakeups) uncover(name string) {
 	delete(w.covered, name)
 }
 
-// wakeNameLocked wakes the watchers of name; for a grant, only those that
-// watch grants too.
-func (w *wakeups) wakeNameLocked(name string, granted bool) {
-	for ch, freeOnly := range w.watchers[name] {
-		if granted && freeOnly {
+// event is what happened to a name, for wakeNameLocked.
+type event uint8
+
+const (
+	eventRelease event = iota // or the lease may have become free
+	eventGrant
+	// eventCovered is a release that name's lock waiter covers (see
+	// coverage): it wakes only the watchers of every event.
+	eventCovered
+)
+
+// wakeNameLocked wakes the watchers of name that ev concerns.
+func (w *wakeups) wakeNameLocked(name string, ev event) {
+	for ch, kind := range w.watchers[name] {
+		switch {
+		case kind == watchAll:
+		case kind == watchFree && ev == eventRelease:
+		case kind == watchGrants && ev == eventGrant:
+		default:
 			continue
 		}
 		select {

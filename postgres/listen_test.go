@@ -354,30 +354,37 @@ func quiet(ch <-chan struct{}) {
 // notifications wake an advisory store's free-watchers: not those of the
 // holder its lock waiter waits on, nor the late one of the holder it saw
 // go (it wakes them itself, once the lock is free); but those of any other
-// backend, and of the holder that went once it holds again.
+// backend, and of the holder that went once it holds again. The lock
+// waiter's own channel (watchGrants) wakes for grants alone, so that a
+// late release never cuts short its wait for the next grant.
 func TestReleaseNotificationsCoveredByTheLockWaiter(t *testing.T) {
 	t.Parallel()
-	w := wakeups{watchers: map[string]map[chan struct{}]bool{}, covered: map[string]*coverage{}}
-	free, all := make(chan struct{}, 1), make(chan struct{}, 1)
-	w.addLocked("n", free, true)
-	w.addLocked("n", all, false)
-	check := func(what string, payload string, pid uint32, wantFree bool) {
+	w := wakeups{watchers: map[string]map[chan struct{}]watchKind{}, covered: map[string]*coverage{}}
+	free, all, grants := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
+	w.addLocked("n", free, watchFree)
+	w.addLocked("n", all, watchAll)
+	w.addLocked("n", grants, watchGrants)
+	check := func(what string, payload string, pid uint32, wantFree, wantGrants bool) {
 		t.Helper()
 		drain(free)
 		drain(all)
+		drain(grants)
 		w.notified(payload, pid)
-		gotFree, gotAll := len(free) == 1, len(all) == 1
-		if gotFree != wantFree || !gotAll {
-			t.Errorf("%s: free-watcher woken %v, watcher woken %v; want %v, true", what, gotFree, gotAll, wantFree)
+		gotFree, gotAll, gotGrants := len(free) == 1, len(all) == 1, len(grants) == 1
+		if gotFree != wantFree || !gotAll || gotGrants != wantGrants {
+			t.Errorf("%s: free-watcher woken %v, watcher woken %v, lock waiter woken %v; want %v, true, %v",
+				what, gotFree, gotAll, gotGrants, wantFree, wantGrants)
 		}
 	}
 	const holder, other = 7, 8
-	check("a release with no lock waiter waiting", "n", holder, true)
+	check("a release with no lock waiter waiting", "n", holder, true, false)
 	w.expect("n", holder)
-	check("a release by the holder waited on", "n", holder, false)
-	check("a release by another backend", "n", other, true)
+	check("a release by the holder waited on", "n", holder, false, false)
+	check("a release by another backend", "n", other, true, false)
 	w.settle("n", true)
-	check("a late release by the holder seen to go", "n", holder, false)
-	check("a grant to the holder seen to go", payloadGrant+"n", holder, false)
-	check("its next release", "n", holder, true)
+	check("a late release by the holder seen to go", "n", holder, false, false)
+	check("a grant to the holder seen to go", payloadGrant+"n", holder, false, true)
+	check("its next release", "n", holder, true, false)
+	check("a grant to another backend", payloadGrant+"n", other, false, true)
+	check("a name too long for a payload", "", other, true, true)
 }
