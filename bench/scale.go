@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -429,12 +430,19 @@ func runScaleNames(spec childSpec, em *emitter, logger *slog.Logger) int {
 		markDemoted   = demoted.Load()
 		markRenewErrs = rec.failedCalls()
 	)
+	profile, stopProfile := os.Getenv(envCPUProfile), func() {}
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		switch in.Text() {
 		case cmdMark:
 			markT, markCounts, markDemoted, markRenewErrs = time.Now(), tracer.snapshot(), demoted.Load(), rec.failedCalls()
+			if profile != "" {
+				if stopProfile, err = startCPUProfile(profile); err != nil {
+					return em.fail(err)
+				}
+			}
 		case cmdReport:
+			stopProfile()
 			now := time.Now()
 			c := tracer.snapshot()
 			var ms runtime.MemStats
@@ -463,6 +471,27 @@ func runScaleNames(spec childSpec, em *emitter, logger *slog.Logger) int {
 		}
 	}
 	return 1
+}
+
+// envCPUProfile names a file to which the scale-names process writes a CPU
+// profile of its measured window (a profiling aid, not part of the table).
+const envCPUProfile = "LEADERBENCH_CPUPROFILE"
+
+// startCPUProfile starts a CPU profile into the file path, and returns
+// what stops it.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", envCPUProfile, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", envCPUProfile, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // runScaleProc is one of the many processes: it opens its pool (few
