@@ -204,7 +204,8 @@ type resignRequest struct {
 
 // Run campaigns, leads and campaigns again after each loss, until ctx ends.
 // Then, if leading, it cancels the leader context, calls OnDemoted, waits for
-// OnElected to return, releases the lease so another instance takes over at
+// OnElected to return, lets a renewal in flight finish (for at most
+// RenewInterval), releases the lease so another instance takes over at
 // once, and returns nil. It returns ErrAlreadyRunning if called while another
 // Run on this Elector is running.
 func (e *Elector) Run(ctx context.Context) error {
@@ -461,8 +462,9 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 	)
 	// Renewal calls run on their own goroutine so that the loop is free to
 	// notice the stop point even if a call outlives its context; rpcs
-	// cancels any in flight.
-	rpcs, cancelRPCs := context.WithCancel(ctx)
+	// cancels any in flight. It does not end with ctx: a renewal in flight
+	// when ctx ends is let finish before the release (see below).
+	rpcs, cancelRPCs := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRPCs()
 	next := nextRenewal(sent, e.cfg.RenewInterval)
 	timer := time.NewTimer(time.Until(next))
@@ -581,6 +583,23 @@ loop:
 		resigned <- nil
 	}
 	e.awaitElected(electedDone, deadline)
+	// Not ours to release, or the store refuses writes.
+	releasing := !released && reason != LossExpired && reason != LossError
+	if inflight && releasing {
+		// A renewal in flight is let finish before the release: cancelled,
+		// it may cut the store's connection, and the lease with it (the
+		// advisory strategy's session), which turns a handover into a
+		// takeover that waits out the store's grace. It may take as long
+		// as the release may, and never past the deadline.
+		if wait := min(e.cfg.RenewInterval, time.Until(deadline)); wait > 0 {
+			timer := time.NewTimer(wait)
+			select {
+			case <-results:
+			case <-timer.C:
+			}
+			timer.Stop()
+		}
+	}
 	// A renewal still in flight is cancelled and left to finish on its own
 	// goroutine: a store call that ignores its context must not keep the
 	// Elector from campaigning again.
@@ -591,8 +610,7 @@ loop:
 	}
 
 	switch {
-	case released || reason == LossExpired || reason == LossError:
-		// Not ours to release, or the store refuses writes.
+	case !releasing:
 		e.observe(Lease{Name: e.cfg.Name})
 	default:
 		if e.release(ctx, term) {

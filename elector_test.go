@@ -676,3 +676,70 @@ func (h *blockingHandler) Handle(context.Context, slog.Record) error {
 
 func (h *blockingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *blockingHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestStopLetsARenewalInFlightFinish checks that a leader stopped while a
+// renewal is in flight lets the renewal finish before it releases, instead
+// of cutting it short: a store may end the lease with the call (the
+// advisory strategy's session ends with its connection), and a handover
+// would become a takeover. A renewal that does not finish holds the
+// release back for at most RenewInterval.
+func TestStopLetsARenewalInFlightFinish(t *testing.T) {
+	t.Parallel()
+
+	leading := func(t *testing.T, name string) (*faultStore, *leader.Elector, func()) {
+		t.Helper()
+		store := newFaultStore(leadertest.NewMemStore())
+		e, err := leader.New(store, testConfig(name, "a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runElector(t, e)
+		eventually(t, 3*time.Second, "a to lead", e.IsLeader)
+		return store, e, stop
+	}
+
+	t.Run("a renewal in flight finishes, then the lease is released", func(t *testing.T) {
+		t.Parallel()
+		store, e, stop := leading(t, "inflight")
+		gate, entered := make(chan struct{}), make(chan struct{}, 1)
+		store.set(func(f *faultStore) { f.renewGate, f.renewEntered = gate, entered })
+		<-entered
+		stopped := make(chan struct{})
+		go func() { defer close(stopped); stop() }()
+		eventually(t, 3*time.Second, "a to step down", func() bool { return !e.IsLeader() })
+		time.Sleep(20 * time.Millisecond)
+		close(gate)
+		<-stopped
+		store.set(func(f *faultStore) {
+			if f.renewsCut != 0 {
+				t.Errorf("%d renewals cut short by the stop; want the one in flight let finish", f.renewsCut)
+			}
+			if n := f.calls["release"]; n != 1 {
+				t.Errorf("%d releases, want 1", n)
+			}
+		})
+		if l, err := store.Observe(t.Context(), "inflight"); err != nil || l.Held() || l.Term != 1 {
+			t.Errorf("Observe after the stop: %+v, %v; want released, term 1", l, err)
+		}
+	})
+
+	t.Run("a renewal that does not finish holds the release back for at most RenewInterval", func(t *testing.T) {
+		t.Parallel()
+		store, e, stop := leading(t, "stuck-at-stop")
+		stuck, gate, entered := make(chan struct{}), make(chan struct{}), make(chan struct{}, 1)
+		defer close(stuck)
+		store.set(func(f *faultStore) { f.renewGate, f.renewEntered = gate, entered })
+		<-entered
+		// The renewal at the gate now ignores its context too.
+		store.set(func(f *faultStore) { f.stuckRenew = stuck })
+		start := time.Now()
+		stop()
+		took := time.Since(start)
+		if bound := e.Config().RenewInterval + time.Second; took > bound {
+			t.Errorf("Run returned %v after the stop; want within RenewInterval plus a second (%v)", took, bound)
+		}
+		if n := store.count("release"); n != 1 {
+			t.Errorf("%d releases, want 1", n)
+		}
+	})
+}

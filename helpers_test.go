@@ -48,8 +48,15 @@ type faultStore struct {
 	// Acquire reaches the gate.
 	acquireGate    chan struct{}
 	acquireEntered chan struct{}
-	calls          map[string]int
-	grants         []time.Time // when the inner store granted, as seen here
+	// renewGate, when set, holds every Renew until it is closed (then the
+	// renewal goes on) or the call's ctx ends (then it fails, and
+	// renewsCut counts it); renewEntered is signalled as each Renew
+	// reaches the gate.
+	renewGate    chan struct{}
+	renewEntered chan struct{}
+	renewsCut    int
+	calls        map[string]int
+	grants       []time.Time // when the inner store granted, as seen here
 }
 
 func newFaultStore(inner leader.Store) *faultStore {
@@ -113,8 +120,22 @@ func (f *faultStore) Renew(ctx context.Context, name, token string, term uint64,
 		return leader.Lease{}, fmt.Errorf("fault: %w", leader.ErrUnavailable)
 	}
 	f.mu.Lock()
-	hang, stuck, renewErr := f.hangRenew, f.stuckRenew, f.renewErr
+	hang, stuck, renewErr, gate, entered := f.hangRenew, f.stuckRenew, f.renewErr, f.renewGate, f.renewEntered
 	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			f.mu.Lock()
+			f.renewsCut++
+			f.mu.Unlock()
+			return leader.Lease{}, fmt.Errorf("fault: renewal cut short: %w", ctx.Err())
+		}
+	}
 	switch {
 	case stuck != nil:
 		<-stuck
