@@ -90,14 +90,7 @@ func (f *faultStore) Acquire(ctx context.Context, name string, c leader.Candidat
 	gate, entered := f.acquireGate, f.acquireEntered
 	f.mu.Unlock()
 	if gate != nil {
-		select {
-		case entered <- struct{}{}:
-		default:
-		}
-		select {
-		case <-gate:
-		case <-ctx.Done():
-		}
+		atGate(ctx, gate, entered)
 		l, ok, err := f.Store.Acquire(context.WithoutCancel(ctx), name, c, ttl)
 		if ctx.Err() != nil {
 			return leader.Lease{}, false, fmt.Errorf("fault: acquire answered after its context ended: %w", ctx.Err())
@@ -122,19 +115,11 @@ func (f *faultStore) Renew(ctx context.Context, name, token string, term uint64,
 	f.mu.Lock()
 	hang, stuck, renewErr, gate, entered := f.hangRenew, f.stuckRenew, f.renewErr, f.renewGate, f.renewEntered
 	f.mu.Unlock()
-	if gate != nil {
-		select {
-		case entered <- struct{}{}:
-		default:
-		}
-		select {
-		case <-gate:
-		case <-ctx.Done():
-			f.mu.Lock()
-			f.renewsCut++
-			f.mu.Unlock()
-			return leader.Lease{}, fmt.Errorf("fault: renewal cut short: %w", ctx.Err())
-		}
+	if gate != nil && !atGate(ctx, gate, entered) {
+		f.mu.Lock()
+		f.renewsCut++
+		f.mu.Unlock()
+		return leader.Lease{}, fmt.Errorf("fault: renewal cut short: %w", ctx.Err())
 	}
 	switch {
 	case stuck != nil:
@@ -147,6 +132,21 @@ func (f *faultStore) Renew(ctx context.Context, name, token string, term uint64,
 		return leader.Lease{}, renewErr
 	}
 	return f.Store.Renew(ctx, name, token, term, ttl)
+}
+
+// atGate signals entered (if no signal is pending) and waits until gate is
+// closed, reporting true, or ctx ends, reporting false.
+func atGate(ctx context.Context, gate <-chan struct{}, entered chan<- struct{}) bool {
+	select {
+	case entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-gate:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func (f *faultStore) Release(ctx context.Context, name, token string, term uint64) error {
