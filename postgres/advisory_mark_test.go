@@ -608,3 +608,96 @@ func TestAdvisoryLockWaiterStaysOutOfTheCandidatesWay(t *testing.T) {
 		t.Errorf("the lock waiter looked again %v after the mark was freed, with no grant; want markLook (%v) or more", gap, markLook)
 	}
 }
+
+// heldLooks is a pgx tracer that, once armed, holds the next statement
+// whose SQL is look at its start until released, and says when it does.
+type heldLooks struct {
+	look     string
+	mu       sync.Mutex
+	armed    bool
+	holding  chan struct{} // closed when a look is held
+	released chan struct{}
+}
+
+func (h *heldLooks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	h.mu.Lock()
+	hold := h.armed && d.SQL == h.look
+	if hold {
+		h.armed = false
+		close(h.holding)
+	}
+	h.mu.Unlock()
+	if hold {
+		<-h.released
+	}
+	return ctx
+}
+
+func (h *heldLooks) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestAdvisoryLockWaiterWakesForAHolderGrantedAndGoneBetweenLooks checks
+// that a lock waiter that finds the lock free, with the row naming a
+// holder it never woke the watchers for, wakes them: that holder was
+// granted and went without a release between two looks (here, while the
+// lock waiter waited for the grant after a release), and no mark wait saw
+// it go.
+func TestAdvisoryLockWaiterWakesForAHolderGrantedAndGoneBetweenLooks(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	const name = "granted-and-gone"
+	key := holders.Key(name)
+	looks := &heldLooks{holding: make(chan struct{}), released: make(chan struct{})}
+	config := pool.Config()
+	config.ConnConfig.Tracer = looks
+	tracedPool, err := pgxpool.NewWithConfig(callCtx(t), config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tracedPool.Close)
+	watchers := setupAdvisory(t, tracedPool, Options{})
+	looks.look = watchers.sql.waiter
+	ch, err := watchers.WatchFree(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, bob := candidate("alice"), candidate("bob")
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on alice's mark", func() bool {
+		return requests(t, pool, key, holders.holderPID(t, name)).markSharedWaiting == 1
+	})
+	looks.mu.Lock()
+	looks.armed = true
+	looks.mu.Unlock()
+	defer func() {
+		select {
+		case <-looks.released:
+		default:
+			close(looks.released)
+		}
+	}()
+
+	// alice releases; the lock waiter wakes the watchers and its next look
+	// is held. bob is granted and his session ends, with no release.
+	mustRelease(t, holders, name, alice, held.Term)
+	select {
+	case <-looks.holding:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lock waiter made no look within 10s of the release")
+	}
+	mustGrant(t, holders, name, bob, time.Minute)
+	pid := holders.holderPID(t, name)
+	if _, err := pool.Exec(callCtx(t), "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	electortest.Eventually(t, 10*time.Second, "bob's session to end", func() bool {
+		return requests(t, pool, key, pid).lockExclusive == 0
+	})
+	drain(ch)
+	close(looks.released)
+	select {
+	case <-ch:
+	case <-time.After(3 * time.Second):
+		t.Fatal("no wake-up within 3s of a look finding the lock free, with the row naming a holder that went without a release")
+	}
+}

@@ -443,13 +443,16 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 	// went before this lock waiter was connected, with no notification
 	// (a session that ended) and after the listener's wake-up at LISTEN.
 	owed := true
-	// gone is the backend whose mark this lock waiter last saw freed, and
-	// woke the watchers for; 0 if none. Its lock may outlast its mark if
-	// its session ended (and its row still names it), so a look that finds
-	// the lock free while its row still names gone wakes the watchers
-	// again. After a release (which clears the row first) it does not: the
-	// candidates woken at the mark may simply not have come yet.
-	var gone int32
+	// wokeFor is the last backend this lock waiter woke the watchers for
+	// the going of; gone is the same while that backend's lock may still
+	// outlast its mark, and 0 otherwise. A look that finds the lock free
+	// while the row names a holder wakes the watchers if that holder is
+	// gone (its lock outlasted its mark: its session ended, and its row
+	// still names it), or one they were never woken for (granted and gone
+	// between two looks, without a release). After a release (which clears
+	// the row first) it does not: the candidates woken at the mark may
+	// simply not have come yet.
+	var gone, wokeFor int32
 	for {
 		select {
 		case <-sub: // about to look anyway
@@ -465,13 +468,16 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		}
 		if !held {
 			unmarked = 0
-			if owed || (gone != 0 && rowHolder != nil && *rowHolder == gone) {
+			if owed || (rowHolder != nil && (*rowHolder == gone || *rowHolder != wokeFor)) {
 				owed = false
 				s.wake(name)
 			}
+			if rowHolder != nil {
+				wokeFor = *rowHolder
+			}
 			gone = 0
 			w.firstLookDone()
-			if _, err := awaitEvent(ctx, sub, waiterPoll); err != nil {
+			if err := awaitEvent(ctx, sub, waiterPoll); err != nil {
 				return err
 			}
 			continue
@@ -482,7 +488,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			// Most likely a grant between its lock and its mark: look
 			// again after its notification.
 			unmarked++
-			if _, err := awaitEvent(ctx, sub, markLook); err != nil {
+			if err := awaitEvent(ctx, sub, markLook); err != nil {
 				return err
 			}
 			continue
@@ -515,32 +521,33 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		s.smu.Lock()
 		s.freed[name] = freeing{pid: *marked, at: time.Now()}
 		s.smu.Unlock()
-		owed, gone = false, *marked
+		owed, gone, wokeFor = false, *marked, *marked
 		s.wake(name)
 		// Stay out of the way of the candidates just woken, whose
 		// statements the winner's waits behind on a busy server: look
-		// again at the next grant's notification, or after markLook.
+		// again at the next grant's notification, or after markLook. (A
+		// winner granted, and gone, before that look is woken for by it:
+		// see wokeFor.)
 		select {
 		case <-sub: // a grant before the one the candidates are racing for
 		default:
 		}
-		if _, err := awaitEvent(ctx, sub, markLook); err != nil {
+		if err := awaitEvent(ctx, sub, markLook); err != nil {
 			return err
 		}
 	}
 }
 
 // awaitEvent waits for a value on sub, or for d, or until ctx ends,
-// returning ctx.Err() then. It reports whether a value came.
-func awaitEvent(ctx context.Context, sub <-chan struct{}, d time.Duration) (came bool, err error) {
+// returning ctx.Err() then.
+func awaitEvent(ctx context.Context, sub <-chan struct{}, d time.Duration) error {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return false, ctx.Err()
+		return ctx.Err()
 	case <-sub:
-		return true, nil
 	case <-timer.C:
-		return false, nil
 	}
+	return nil
 }

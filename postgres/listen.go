@@ -210,7 +210,9 @@ func (w *wakeups) notified(payload string, pid uint32) {
 	w.wakeNameLocked(name, ev)
 }
 
-// wake wakes every watcher of name: its lease may have become free.
+// wake wakes the watchers of name's releases, and of all its events: its
+// lease may have become free. (It does not wake the watchers of grants
+// alone, the lock waiter that calls it.)
 func (w *wakeups) wake(name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
