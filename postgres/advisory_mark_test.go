@@ -94,6 +94,21 @@ func (s *AdvisoryStore) waitFirstLook(t *testing.T, name string) {
 	}
 }
 
+// advisoryOn returns an AdvisoryStore (migrated, closed with the test) on a
+// pool of its own to pool's database, whose connection config change has
+// changed: a tracer, or a hook at connect.
+func advisoryOn(t *testing.T, pool *pgxpool.Pool, change func(*pgx.ConnConfig)) *AdvisoryStore {
+	t.Helper()
+	config := pool.Config()
+	change(config.ConnConfig)
+	own, err := pgxpool.NewWithConfig(callCtx(t), config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(own.Close)
+	return setupAdvisory(t, own, Options{})
+}
+
 // TestAdvisoryLockWaitersWaitOnTheHoldersMark checks that a holder takes
 // its mark with the lock and lets it go at its release, and that lock
 // waiters wait on the mark, not on the lock, so that they never stand in
@@ -458,24 +473,19 @@ func TestAdvisoryLockWaiterWakesForAHolderGoneBeforeItsFirstLook(t *testing.T) {
 	// the holder went.
 	var gated atomic.Bool
 	gate := make(chan struct{})
-	config := pool.Config()
-	config.ConnConfig.AfterConnect = func(ctx context.Context, _ *pgconn.PgConn) error {
-		if !gated.Load() {
-			return nil
+	watchers := advisoryOn(t, pool, func(c *pgx.ConnConfig) {
+		c.AfterConnect = func(ctx context.Context, _ *pgconn.PgConn) error {
+			if !gated.Load() {
+				return nil
+			}
+			select {
+			case <-gate:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
-		select {
-		case <-gate:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	gatedPool, err := pgxpool.NewWithConfig(callCtx(t), config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(gatedPool.Close)
-	watchers := setupAdvisory(t, gatedPool, Options{})
+	})
 	// The listener connects at the first watch, and wakes every watcher
 	// once it listens: start it before the gate.
 	other, err := watchers.WatchFree(t.Context(), "another")
@@ -572,14 +582,7 @@ func TestAdvisoryLockWaiterStaysOutOfTheCandidatesWay(t *testing.T) {
 	key := holders.Key(name)
 	mark := "SELECT pg_advisory_lock_shared(" + markClass + ", $1), pg_advisory_unlock_shared(" + markClass + ", $1)"
 	times := &statementTimes{}
-	config := pool.Config()
-	config.ConnConfig.Tracer = times
-	tracedPool, err := pgxpool.NewWithConfig(callCtx(t), config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(tracedPool.Close)
-	watchers := setupAdvisory(t, tracedPool, Options{})
+	watchers := advisoryOn(t, pool, func(c *pgx.ConnConfig) { c.Tracer = times })
 	times.mu.Lock()
 	times.match = map[string]string{mark: "mark", watchers.sql.waiter: "look"}
 	times.mu.Unlock()
@@ -648,14 +651,7 @@ func TestAdvisoryLockWaiterWakesForAHolderGrantedAndGoneBetweenLooks(t *testing.
 	const name = "granted-and-gone"
 	key := holders.Key(name)
 	looks := &heldLooks{holding: make(chan struct{}), released: make(chan struct{})}
-	config := pool.Config()
-	config.ConnConfig.Tracer = looks
-	tracedPool, err := pgxpool.NewWithConfig(callCtx(t), config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(tracedPool.Close)
-	watchers := setupAdvisory(t, tracedPool, Options{})
+	watchers := advisoryOn(t, pool, func(c *pgx.ConnConfig) { c.Tracer = looks })
 	looks.look = watchers.sql.waiter
 	ch, err := watchers.WatchFree(t.Context(), name)
 	if err != nil {
