@@ -13,11 +13,12 @@ func exists(pid int) bool {
 	if err != nil {
 		return false
 	}
-	// A zombie exists until reaped but runs nothing.
+	// A zombie exists until reaped but runs nothing; a process shown dead
+	// (X) is being reaped.
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return false
 	}
 	fields := strings.Fields(string(b))
-	return len(fields) < 3 || fields[2] != "Z"
+	return len(fields) < 3 || (fields[2] != "Z" && fields[2] != "X")
 }

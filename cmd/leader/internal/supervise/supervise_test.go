@@ -201,11 +201,12 @@ func TestLeaderDeathKillsTheGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = leader.Wait()
-	deadline := time.Now().Add(5 * time.Second)
-	for (exists(cmdPid) || exists(grandchild)) && time.Now().Before(deadline) {
-		time.Sleep(2 * time.Millisecond)
+	// Passed once both are seen gone: a look after that could only see a
+	// process that took one of their PIDs.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		if !exists(cmdPid) && !exists(grandchild) {
+			return
+		}
 	}
-	if exists(cmdPid) || exists(grandchild) {
-		t.Fatalf("after SIGKILL of the leader: command alive %v, grandchild alive %v", exists(cmdPid), exists(grandchild))
-	}
+	t.Fatalf("5s after SIGKILL of the leader: command alive %v, grandchild alive %v", exists(cmdPid), exists(grandchild))
 }
