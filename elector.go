@@ -371,11 +371,85 @@ func (e *Elector) observe(l Lease) {
 	e.publish()
 }
 
-// renewal is the outcome of one renewal call.
-type renewal struct {
-	sent  time.Time
-	lease Lease
-	err   error
+// tenure is one leadership of an Elector, from its grant to its loss.
+type tenure struct {
+	e       *Elector
+	term    uint64
+	lctx    context.Context // the leader context
+	cancel  context.CancelCauseFunc
+	stopped chan struct{} // closed once the stop point has ended leadership
+	failed  chan error    // capacity 1: a renewal outcome that ends the tenure
+	timer   *time.Timer   // fires at the stop point
+
+	mu       sync.Mutex
+	deadline time.Time // the local deadline: the last renewal's sent+TTL-DriftMargin
+	stopAt   time.Time // deadline-StopGrace
+	lastErr  error     // of the renewals that failed since the last success
+	over     bool      // the lead loop has stopped: the deadline no longer moves
+
+	// Guarded by the mu of the renewer t belongs to.
+	next    time.Time     // when to renew next
+	settled chan struct{} // while a renewal is in flight: closed once it has finished
+}
+
+// end ends the tenure's leadership: IsLeader turns false, then the leader
+// context is cancelled. It may run more than once and on any goroutine; it
+// never blocks, logs or calls out, so nothing can delay it.
+func (t *tenure) end(reason string) {
+	e := t.e
+	e.mu.Lock()
+	if e.leaderCtx == t.lctx {
+		e.status.IsLeader = false
+		e.status.StopAt = time.Time{}
+		e.leaderCtx = nil
+	}
+	e.mu.Unlock()
+	t.cancel(fmt.Errorf("%w: leadership lost (%s)", ErrNotLeader, reason))
+}
+
+// stopPoint returns when leadership ends unless a renewal succeeds first.
+func (t *tenure) stopPoint() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stopAt
+}
+
+// extend moves the local deadline after a renewal sent at sent succeeded,
+// unless leadership has ended: once the stop timer has fired (Stop reports
+// false) or the lead loop has stopped, the store's answer comes too late.
+func (t *tenure) extend(sent time.Time, l Lease) {
+	e := t.e
+	t.mu.Lock()
+	if t.over || !t.timer.Stop() {
+		t.mu.Unlock()
+		return
+	}
+	t.deadline = sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
+	t.stopAt = t.deadline.Add(-e.cfg.StopGrace)
+	t.timer.Reset(time.Until(t.stopAt))
+	recovered := t.lastErr != nil
+	t.lastErr = nil
+	e.mu.Lock()
+	if e.leaderCtx == t.lctx {
+		e.status.ExpiresAt = l.ExpiresAt
+		e.status.StopAt = t.stopAt
+	}
+	e.mu.Unlock()
+	t.mu.Unlock()
+	if recovered {
+		e.log.Info("renewed again after failures", slog.Uint64("term", t.term))
+	}
+}
+
+// unreachable returns conn_lost or error, for a stop point reached after
+// failed renewals.
+func (t *tenure) unreachable() (LossReason, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.lastErr != nil && !errors.Is(t.lastErr, context.DeadlineExceeded) && !errors.Is(t.lastErr, ErrUnavailable) {
+		return LossError, t.lastErr
+	}
+	return LossConnLost, t.lastErr
 }
 
 // lead holds the lease granted at sent until it is lost, then steps down and
@@ -383,44 +457,44 @@ type renewal struct {
 // is sent+TTL-DriftMargin on the monotonic clock, every renewal is bounded by
 // the time left before stopping, and at the stop point a timer of its own
 // ends leadership, whatever the store, the logger or the metrics are doing.
+// The renewals are made by a renewer (see join), which extends the
+// deadline after each success and hands this loop the failures that end
+// leadership.
 func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossReason {
 	term := lease.Term
-	deadline := sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
-	stopAt := deadline.Add(-e.cfg.StopGrace)
-
+	t := &tenure{
+		e:       e,
+		term:    term,
+		stopped: make(chan struct{}),
+		failed:  make(chan error, 1),
+		next:    nextRenewal(sent, e.cfg.RenewInterval),
+	}
+	t.deadline = sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
+	t.stopAt = t.deadline.Add(-e.cfg.StopGrace)
 	// The leader context is not a child of ctx: it is cancelled by end,
 	// after IsLeader has turned false, with the reason as its cause.
-	lctx, cancelLeader := context.WithCancelCause(withTerm(context.WithoutCancel(ctx), term))
-	// end ends this leadership: IsLeader turns false, then the leader
-	// context is cancelled. It may run more than once and on any goroutine;
-	// it never blocks, logs or calls out, so nothing can delay it.
-	end := func(reason string) {
-		e.mu.Lock()
-		if e.leaderCtx == lctx {
-			e.status.IsLeader = false
-			e.status.StopAt = time.Time{}
-			e.leaderCtx = nil
-		}
-		e.mu.Unlock()
-		cancelLeader(fmt.Errorf("%w: leadership lost (%s)", ErrNotLeader, reason))
-	}
+	t.lctx, t.cancel = context.WithCancelCause(withTerm(context.WithoutCancel(ctx), term))
+	lctx := t.lctx
 	e.mu.Lock()
 	e.status.IsLeader = true
 	e.status.Leader = e.cfg.ID
 	e.status.Term = term
 	e.status.AcquiredAt = lease.AcquiredAt
 	e.status.ExpiresAt = lease.ExpiresAt
-	e.status.StopAt = stopAt
+	e.status.StopAt = t.stopAt
 	e.leaderCtx = lctx
 	e.mu.Unlock()
 	// At the stop point leadership ends on the timer's own goroutine; the
 	// loop below only learns of it through stopped.
-	stopped := make(chan struct{})
-	stopTimer := time.AfterFunc(time.Until(stopAt), func() {
-		end("no renewal before the local deadline")
-		close(stopped)
+	t.timer = time.AfterFunc(time.Until(t.stopAt), func() {
+		t.end("no renewal before the local deadline")
+		close(t.stopped)
 	})
-	defer stopTimer.Stop()
+	defer func() {
+		t.mu.Lock()
+		t.timer.Stop()
+		t.mu.Unlock()
+	}()
 	// A store that learns of a loss before the next renewal (see
 	// LossNotifier) ends leadership the same way, on a goroutine of its
 	// own; the loop learns of it through lost.
@@ -432,7 +506,7 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 			go func() {
 				select {
 				case <-ch:
-					end("the store reports the lease lost")
+					t.end("the store reports the lease lost")
 					close(lost)
 				case <-leaderDone:
 				}
@@ -454,33 +528,15 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 
 	var (
 		reason   LossReason
-		lastErr  error
 		resigned chan error // Resign's; answered once OnDemoted has returned
-		results  = make(chan renewal, 1)
-		inflight bool
-		released bool // the store freed the lease itself: nothing to release
+		released bool       // the store freed the lease itself: nothing to release
 	)
-	// Renewal calls run on their own goroutine so that the loop is free to
-	// notice the stop point even if a call outlives its context; rpcs
-	// cancels any in flight. It does not end with ctx: a renewal in flight
-	// when ctx ends is let finish before the release (see below).
-	rpcs, cancelRPCs := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelRPCs()
-	next := nextRenewal(sent, e.cfg.RenewInterval)
-	timer := time.NewTimer(time.Until(next))
-	defer timer.Stop()
 	// stop ends leadership at once, then lets the loop log why.
 	stop := func(r LossReason) LossReason {
-		end(string(r))
+		t.end(string(r))
 		return r
 	}
-	// conn_lost or error, for a stop point reached after failed renewals.
-	unreachable := func() LossReason {
-		if lastErr != nil && !errors.Is(lastErr, context.DeadlineExceeded) && !errors.Is(lastErr, ErrUnavailable) {
-			return LossError
-		}
-		return LossConnLost
-	}
+	r := e.join(ctx, t)
 loop:
 	for {
 		select {
@@ -499,73 +555,31 @@ loop:
 			e.log.Error("the store reports the lease lost (for example its session with the server ended); stepped down",
 				slog.Uint64("term", term))
 			break loop
-		case <-stopped:
-			reason = unreachable()
+		case <-t.stopped:
+			var lastErr error
+			reason, lastErr = t.unreachable()
 			e.log.Error("could not renew before the local deadline; stepped down",
 				slog.Uint64("term", term), slog.Any("error", lastErr))
 			break loop
-		case <-timer.C:
-			if inflight {
-				continue
-			}
-			inflight = true
-			go func(sent time.Time, stopAt time.Time) {
-				// Bounded by what is left before stopping, so the call
-				// ends before the deadline.
-				rctx, cancel := context.WithDeadline(rpcs, stopAt)
-				defer cancel()
-				l, err := e.store.Renew(rctx, e.cfg.Name, e.cand.Token, term, e.cfg.TTL)
-				e.recordCall("renew", sent, err)
-				results <- renewal{sent: sent, lease: l, err: err} // buffered: never blocks
-			}(time.Now(), stopAt)
-		case r := <-results:
-			inflight = false
-			switch {
-			case r.err == nil:
-				// Extend only if the stop point has not passed: once the
-				// timer has fired (Stop reports false), leadership is over
-				// whatever the store says now.
-				if !stopTimer.Stop() {
-					<-stopped
-					reason = unreachable()
-					e.log.Error("renewed only after the local deadline; stepped down",
-						slog.Uint64("term", term), slog.Any("error", lastErr))
-					break loop
-				}
-				deadline = r.sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
-				stopAt = deadline.Add(-e.cfg.StopGrace)
-				stopTimer.Reset(time.Until(stopAt))
-				next = nextRenewal(r.sent, e.cfg.RenewInterval)
-				e.mu.Lock()
-				e.status.ExpiresAt = r.lease.ExpiresAt
-				e.status.StopAt = stopAt
-				e.mu.Unlock()
-				if lastErr != nil {
-					e.log.Info("renewed again after failures", slog.Uint64("term", term))
-				}
-				lastErr = nil
-			case errors.Is(r.err, ErrLeaseLost):
+		case err := <-t.failed:
+			if errors.Is(err, ErrLeaseLost) {
 				reason = stop(LossExpired)
 				e.log.Error("lease lost: the store no longer has it held by this instance; stepped down",
-					slog.Uint64("term", term), slog.Any("error", r.err))
-				break loop
-			case errors.Is(r.err, ErrReadOnly):
+					slog.Uint64("term", term), slog.Any("error", err))
+			} else {
 				reason = stop(LossError)
 				e.log.Error("store is read-only (for example a replica or a database in recovery); stepped down",
-					slog.Uint64("term", term), slog.Any("error", r.err))
-				break loop
-			case ctx.Err() != nil:
-				reason = stop(LossShutdown)
-				break loop
-			default:
-				lastErr = r.err
-				e.log.Warn("renewal failed; retrying", slog.Uint64("term", term), slog.Any("error", r.err),
-					slog.Duration("left_before_stepping_down", time.Until(stopAt)))
-				next = time.Now().Add(e.cfg.RenewInterval / 4)
+					slog.Uint64("term", term), slog.Any("error", err))
 			}
-			timer.Reset(time.Until(next))
+			break loop
 		}
 	}
+	// No renewal starts from now on, and none in flight moves the deadline.
+	r.drop(t)
+	t.mu.Lock()
+	t.over = true
+	deadline := t.deadline
+	t.mu.Unlock()
 
 	// Leadership has ended: IsLeader is false and the leader context is
 	// cancelled. Now OnDemoted runs, then OnElected is awaited; only then is
@@ -585,25 +599,18 @@ loop:
 	e.awaitElected(electedDone, deadline)
 	// Not ours to release, or the store refuses writes.
 	releasing := !released && reason != LossExpired && reason != LossError
-	if inflight && releasing {
-		// A renewal in flight is let finish before the release: cancelled,
-		// it may cut the store's connection, and the lease with it (the
-		// advisory strategy's session), which turns a handover into a
-		// takeover that waits out the store's grace. It may take as long
-		// as the release may, and never past the deadline.
-		if wait := min(e.cfg.RenewInterval, time.Until(deadline)); wait > 0 {
-			timer := time.NewTimer(wait)
-			select {
-			case <-results:
-			case <-timer.C:
-			}
-			timer.Stop()
-		}
+	// A renewal in flight is let finish before the release: cancelled, it
+	// may cut the store's connection, and the lease with it (the advisory
+	// strategy's session), which turns a handover into a takeover that
+	// waits out the store's grace. It may take as long as the release may,
+	// and never past the deadline. Then it is left to finish on its own
+	// (cancelled, unless other leases share its call): a store call that
+	// ignores its context must not keep the Elector from campaigning again.
+	var wait time.Duration
+	if releasing {
+		wait = min(e.cfg.RenewInterval, time.Until(deadline))
 	}
-	// A renewal still in flight is cancelled and left to finish on its own
-	// goroutine: a store call that ignores its context must not keep the
-	// Elector from campaigning again.
-	cancelRPCs()
+	r.finish(t, wait)
 	if time.Now().After(deadline) && reason != LossExpired {
 		e.log.Error("leader work stopped after the local deadline; another instance may have started before it ended",
 			slog.Uint64("term", term))

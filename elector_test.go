@@ -415,6 +415,15 @@ func TestRunIfLeader(t *testing.T) {
 // cannot renew steps down before anyone else can be granted the lease.
 func TestSafety(t *testing.T) {
 	t.Parallel()
+	for _, mode := range renewModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			testSafety(t, mode.wrap)
+		})
+	}
+}
+
+func testSafety(t *testing.T, wrap func(*faultStore) leader.Store) {
 
 	// partitionedLeader sets up two electors on one store, lets a lead,
 	// applies fault to a's view of the store, and checks that a demotes
@@ -427,7 +436,7 @@ func TestSafety(t *testing.T) {
 		cfgA.OnElected, cfgA.OnDemoted = h.Hooks(t, "a")
 		m := &recordingMetrics{}
 		cfgA.Metrics = m
-		a, err := leader.New(faulty, cfgA)
+		a, err := leader.New(wrap(faulty), cfgA)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -503,7 +512,7 @@ func TestSafety(t *testing.T) {
 		cfgA := testConfig("blocked-log", "a")
 		cfgA.Logger = slog.New(logs)
 		cfgA.OnElected = func(ctx context.Context) { aCtx.Store(ctx) }
-		a, err := leader.New(faulty, cfgA)
+		a, err := leader.New(wrap(faulty), cfgA)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -546,7 +555,7 @@ func TestSafety(t *testing.T) {
 		m := &recordingMetrics{}
 		cfg := testConfig("lost", "a")
 		cfg.Metrics = m
-		e, err := leader.New(store, cfg)
+		e, err := leader.New(wrap(store), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -572,7 +581,7 @@ func TestSafety(t *testing.T) {
 		store := newFaultStore(inner)
 		gate := make(chan struct{})
 		store.set(func(f *faultStore) { f.acquireGate, f.acquireEntered = gate, make(chan struct{}, 1) })
-		e, err := leader.New(store, leader.Config{Name: "inflight", ID: "a", TTL: 30 * time.Second, Logger: testLogger()})
+		e, err := leader.New(wrap(store), leader.Config{Name: "inflight", ID: "a", TTL: 30 * time.Second, Logger: testLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -602,7 +611,7 @@ func TestSafety(t *testing.T) {
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		cfg.TTL = 30 * time.Second
 		cfg.RenewInterval = 50 * time.Millisecond
-		e, err := leader.New(store, cfg)
+		e, err := leader.New(wrap(store), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -636,7 +645,7 @@ func TestSafety(t *testing.T) {
 		var demotedAt atomic.Int64
 		cfg := testConfig("sent", "a")
 		cfg.OnDemoted = func() { demotedAt.Store(time.Now().UnixNano()) }
-		e, err := leader.New(store, cfg)
+		e, err := leader.New(wrap(store), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -685,11 +694,20 @@ func (h *blockingHandler) WithGroup(string) slog.Handler      { return h }
 // release back for at most RenewInterval.
 func TestStopLetsARenewalInFlightFinish(t *testing.T) {
 	t.Parallel()
+	for _, mode := range renewModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			testStopLetsARenewalInFlightFinish(t, mode.wrap)
+		})
+	}
+}
+
+func testStopLetsARenewalInFlightFinish(t *testing.T, wrap func(*faultStore) leader.Store) {
 
 	leading := func(t *testing.T, name string) (*faultStore, *leader.Elector, func()) {
 		t.Helper()
 		store := newFaultStore(leadertest.NewMemStore())
-		e, err := leader.New(store, testConfig(name, "a"))
+		e, err := leader.New(wrap(store), testConfig(name, "a"))
 		if err != nil {
 			t.Fatal(err)
 		}

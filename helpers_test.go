@@ -202,3 +202,27 @@ func testLogger() *slog.Logger {
 	}
 	return quiet
 }
+
+// renewModes are the two ways a leader's lease is renewed: by Renew calls of
+// its own, or, on a store that implements leader.BatchRenewer, by one
+// RenewBatch call per round for every Elector of the process on the store.
+// Tests of how a leader renews run in both; faults apply to either.
+var renewModes = []struct {
+	name string
+	wrap func(*faultStore) leader.Store
+}{
+	{"renewed alone", func(f *faultStore) leader.Store { return f }},
+	{"renewed in batches", func(f *faultStore) leader.Store { return batchFaultStore{f} }},
+}
+
+// batchFaultStore is a faultStore that renews in batches, each lease of a
+// batch by faultStore.Renew, so that its faults apply.
+type batchFaultStore struct{ *faultStore }
+
+func (b batchFaultStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
+	b.enter("renew batch")
+	for i := range batch {
+		r := &batch[i]
+		r.Lease, r.Err = b.Renew(ctx, r.Name, r.Token, r.Term, r.TTL)
+	}
+}

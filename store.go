@@ -104,6 +104,42 @@ type FreeWatcher interface {
 	WatchFree(ctx context.Context, name string) (<-chan struct{}, error)
 }
 
+// BatchRenewer is implemented by a Store that can renew many leases with one
+// request. The Electors of a process that lead on one such store with one
+// RenewInterval renew together: their renewals fall on one grid of times
+// (see Config.RenewInterval), and at each point of it one goroutine of the
+// process calls RenewBatch once for all of their leases and extends each
+// Elector's local deadline from the outcome, instead of each Elector calling
+// Renew on a goroutine of its own. A store that holds thousands of names in
+// one process then costs one request and one goroutine wake-up per round.
+//
+// The store value is the key of that sharing, so it must be comparable (a
+// pointer, typically); Electors on a store that is not renew one by one.
+type BatchRenewer interface {
+	// RenewBatch does what Store.Renew does for each element of batch, as
+	// if for each separately: one lease found lost fails with an error
+	// wrapping ErrLeaseLost and the others are still renewed. It reports
+	// each outcome in the element's Lease and Err, and sets every Err
+	// (to an error wrapping ctx.Err() or ErrUnavailable, say) when it
+	// cannot tell an outcome. It must honour ctx like every Store method,
+	// and must not keep batch after it returns.
+	RenewBatch(ctx context.Context, batch []Renewal)
+}
+
+// Renewal is one element of a RenewBatch call: the lease to renew, and the
+// outcome that RenewBatch reports, as Store.Renew would have returned it.
+type Renewal struct {
+	Name  string
+	Token string
+	Term  uint64
+	TTL   time.Duration
+
+	// Lease is the renewed lease, set when Err is nil.
+	Lease Lease
+	// Err is the reason the lease was not renewed, nil if it was.
+	Err error
+}
+
 // LossNotifier is implemented by a Store that can learn that a lease is lost
 // before the holder's next renewal would find out: for example a store
 // whose lease is a lock held by a server session, which learns the moment

@@ -28,8 +28,9 @@ type memLease struct {
 }
 
 var (
-	_ leader.Store       = (*MemStore)(nil)
-	_ leader.FreeWatcher = (*MemStore)(nil)
+	_ leader.Store        = (*MemStore)(nil)
+	_ leader.FreeWatcher  = (*MemStore)(nil)
+	_ leader.BatchRenewer = (*MemStore)(nil)
 )
 
 // NewMemStore returns an empty MemStore.
@@ -97,6 +98,15 @@ func (s *MemStore) Renew(ctx context.Context, name, token string, term uint64, t
 	}
 	l.expiresAt = now.Add(ttl)
 	return l.report(name, now), nil
+}
+
+// RenewBatch implements leader.BatchRenewer: it renews the leases of batch
+// as Renew would, one by one.
+func (s *MemStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
+	for i := range batch {
+		r := &batch[i]
+		r.Lease, r.Err = s.Renew(ctx, r.Name, r.Token, r.Term, r.TTL)
+	}
 }
 
 // Release implements leader.Store.
