@@ -139,6 +139,18 @@ func (b *renewBatcher) renewed(renewed map[heldKey]leaseRow, batch []*renewCall)
 	}
 }
 
+// renewedInRounds forgets the leases in renewed: they are renewed by
+// RenewBatch, so Renew's rounds need not wait for them.
+func (b *renewBatcher) renewedInRounds(renewed map[heldKey]leaseRow) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for k := range renewed {
+		if h, ok := b.held[holder{k.name, k.token}]; ok && h.term == k.term {
+			delete(b.held, holder{k.name, k.token})
+		}
+	}
+}
+
 // renew queues c for the next batch and waits for its outcome or for ctx
 // to end.
 func (b *renewBatcher) renew(c *renewCall) (leader.Lease, error) {
@@ -232,44 +244,109 @@ func (b *renewBatcher) sendBatch(batch []*renewCall) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 
-	names := make([]string, len(batch))
-	tokens := make([]string, len(batch))
-	terms := make([]int64, len(batch))
-	ttls := make([]int64, len(batch))
+	leases := make([]renewArgs, len(batch))
 	for i, c := range batch {
-		names[i], tokens[i], terms[i], ttls[i] = c.name, c.token, c.term, c.ttlMicros
+		leases[i] = renewArgs{c.name, c.token, c.term, c.ttlMicros}
 	}
-	renewed := make(map[heldKey]leaseRow, len(batch))
-	rows, err := b.store.pool.Query(ctx, b.store.sql.renewBatch, names, tokens, terms, ttls)
-	if err == nil {
-		var (
-			r   leaseRow
-			key heldKey
-		)
-		_, err = pgx.ForEachRow(rows, []any{&key.name, &key.token, &key.term, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining}, func() error {
-			row := r
-			row.term, row.held = key.term, true
-			renewed[key] = row
-			return nil
-		})
-	}
+	renewed, err := b.store.renewRows(ctx, leases)
 	if err == nil {
 		b.renewed(renewed, batch)
 	}
 	for _, c := range batch {
 		var o renewOutcome
-		key := heldKey{c.name, c.token, c.term}
-		switch r, ok := renewed[key]; {
-		case err != nil:
-			o.err = wrapError(ctx, call("renew", c.name), err)
-		case !ok:
-			b.ended(c.name, c.token, c.term)
-			o.err = fmt.Errorf("postgres: renew %q term %d: %w", c.name, c.term, leader.ErrLeaseLost)
-		default:
-			o.lease = r.lease(c.name)
-			o.lease.Remaining = min(o.lease.Remaining, c.ttl)
-		}
+		o.lease, o.err = b.outcome(ctx, renewed, err, c.name, c.token, c.term, c.ttl)
 		c.done <- o
+	}
+}
+
+// renewArgs is one lease of a renewal statement.
+type renewArgs struct {
+	name, token string
+	term        int64
+	ttlMicros   int64
+}
+
+// renewRows renews leases with one statement and returns the leases it
+// renewed.
+func (s *LeaseStore) renewRows(ctx context.Context, leases []renewArgs) (map[heldKey]leaseRow, error) {
+	names := make([]string, len(leases))
+	tokens := make([]string, len(leases))
+	terms := make([]int64, len(leases))
+	ttls := make([]int64, len(leases))
+	for i, l := range leases {
+		names[i], tokens[i], terms[i], ttls[i] = l.name, l.token, l.term, l.ttlMicros
+	}
+	renewed := make(map[heldKey]leaseRow, len(leases))
+	rows, err := s.pool.Query(ctx, s.sql.renewBatch, names, tokens, terms, ttls)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		r   leaseRow
+		key heldKey
+	)
+	_, err = pgx.ForEachRow(rows, []any{&key.name, &key.token, &key.term, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining}, func() error {
+		row := r
+		row.term, row.held = key.term, true
+		renewed[key] = row
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return renewed, nil
+}
+
+// outcome is what Renew reports for one lease of a statement that renewed
+// the leases in renewed or failed with err; a lease it did not renew is
+// forgotten as ended.
+func (b *renewBatcher) outcome(ctx context.Context, renewed map[heldKey]leaseRow, err error, name, token string, term int64, ttl time.Duration) (leader.Lease, error) {
+	if err != nil {
+		return leader.Lease{}, wrapError(ctx, call("renew", name), err)
+	}
+	r, ok := renewed[heldKey{name, token, term}]
+	if !ok {
+		b.ended(name, token, term)
+		return leader.Lease{}, fmt.Errorf("postgres: renew %q term %d: %w", name, term, leader.ErrLeaseLost)
+	}
+	l := r.lease(name)
+	l.Remaining = min(l.Remaining, ttl)
+	return l, nil
+}
+
+// RenewBatch implements leader.BatchRenewer: it renews the leases of batch
+// with one statement (per 50,000 leases), each as Renew would, on one
+// reading of the server's clock. The Electors of a process that share the
+// store renew this way, once per renew round for all their names.
+func (s *LeaseStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
+	for len(batch) > 0 {
+		n := min(len(batch), maxBatchSize)
+		s.renewBatch(ctx, batch[:n])
+		batch = batch[n:]
+	}
+}
+
+func (s *LeaseStore) renewBatch(ctx context.Context, batch []leader.Renewal) {
+	leases := make([]renewArgs, 0, len(batch))
+	for i := range batch {
+		r := &batch[i]
+		r.Lease, r.Err = leader.Lease{}, checkRenew(r.Name, r.Term, r.TTL)
+		if r.Err == nil {
+			leases = append(leases, renewArgs{r.Name, r.Token, int64(r.Term), int64(interval(r.TTL) / time.Microsecond)})
+		}
+	}
+	if len(leases) == 0 {
+		return
+	}
+	renewed, err := s.renewRows(ctx, leases)
+	b := s.renewals
+	for i := range batch {
+		if r := &batch[i]; r.Err == nil {
+			r.Lease, r.Err = b.outcome(ctx, renewed, err, r.Name, r.Token, int64(r.Term), r.TTL)
+		}
+	}
+	if err == nil {
+		b.renewedInRounds(renewed)
 	}
 }
 

@@ -96,13 +96,13 @@
 // row and calls pg_notify in the same statement, so the wake-up is sent
 // exactly when the release commits. A new grant sends one too.
 //
-// Renewals are batched: the Renew calls that reach one LeaseStore together
-// are sent as one statement that renews each lease on its own terms (a
-// lease no longer held is reported lost, the others renewed). The Electors
-// of a process renew at the same moments (see leader.Config.RenewInterval),
-// so a process that holds many names sends one statement per renew round,
-// whatever their number; one that holds a single name sends each renewal
-// at once, as before.
+// Renewals are batched: the store is a [leader.BatchRenewer], so the
+// Electors of a process that lead on one LeaseStore with one RenewInterval
+// renew together, with one call to [LeaseStore.RenewBatch] per renew round
+// and so one statement, which renews each lease on its own terms (a lease
+// no longer held is reported lost, the others renewed), whatever the number
+// of names. Renew calls that reach the store together are batched the same
+// way.
 //
 // A follower sends one statement per TTL, but pgxpool pings a connection
 // that was idle for a second or more before handing it out, so with the
@@ -407,8 +407,9 @@ type LeaseStore struct {
 }
 
 var (
-	_ leader.Store       = (*LeaseStore)(nil)
-	_ leader.FreeWatcher = (*LeaseStore)(nil)
+	_ leader.Store        = (*LeaseStore)(nil)
+	_ leader.FreeWatcher  = (*LeaseStore)(nil)
+	_ leader.BatchRenewer = (*LeaseStore)(nil)
 )
 
 // NewLeaseStore returns a LeaseStore on the lease table that Migrate created
