@@ -62,8 +62,9 @@ type Config struct {
 	// run out. Renewals fall on a grid of period RenewInterval shared by
 	// the process (so at most RenewInterval apart, the first one sometimes
 	// sooner): Electors with the same RenewInterval renew at the same
-	// moments, and a store can renew all their leases with one request (the
-	// PostgreSQL lease store sends one statement per round).
+	// moments, and on a store that implements BatchRenewer (the PostgreSQL
+	// lease store) one goroutine of the process renews all their leases
+	// with one request per round.
 	RenewInterval time.Duration
 
 	// RetryInterval is how long a follower waits before its next attempt
