@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/leadertest"
@@ -123,4 +124,30 @@ func ExampleNew_validation() {
 	// Output:
 	// leader: invalid Config.RenewInterval 4s: must be at most TTL/3 (3s)
 	// true RenewInterval
+}
+
+// A store that implements BatchRenewer renews many leases with one call, each
+// on its own terms. The Electors of a process call it for every lease they
+// hold, once per renew round; here it is called directly, on the in-memory
+// store, with one lease still held and one that was released.
+func ExampleBatchRenewer() {
+	ctx := context.Background()
+	store := leadertest.NewMemStore()
+	alice := leader.Candidate{ID: "alice", Token: "token-a"}
+	report, _, _ := store.Acquire(ctx, "report", alice, time.Minute)
+	cleanup, _, _ := store.Acquire(ctx, "cleanup", alice, time.Minute)
+	_ = store.Release(ctx, "cleanup", alice.Token, cleanup.Term)
+
+	batch := []leader.Renewal{
+		{Name: "report", Token: alice.Token, Term: report.Term, TTL: time.Minute},
+		{Name: "cleanup", Token: alice.Token, Term: cleanup.Term, TTL: time.Minute},
+	}
+	var br leader.BatchRenewer = store
+	br.RenewBatch(ctx, batch)
+	for _, r := range batch {
+		fmt.Printf("%s: renewed %v, lost %v\n", r.Name, r.Err == nil, errors.Is(r.Err, leader.ErrLeaseLost))
+	}
+	// Output:
+	// report: renewed true, lost false
+	// cleanup: renewed false, lost true
 }

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"log/slog"
@@ -101,4 +102,51 @@ func ExampleMigrate() {
 	fmt.Printf("%s is led by %s (term %d), notifications on channel %q\n",
 		lease.Name, lease.HolderID, lease.Term, store.Options().Channel)
 	// Output: reconciler is led by worker-7 (term 1), notifications on channel "coordination.leases"
+}
+
+// A process holding many names renews them with one statement per round:
+// its Electors call RenewBatch once for all of their leases. Here it is
+// called by hand for two leases, one of them with a term that is no longer
+// current, which is refused while the other is renewed.
+func ExampleLeaseStore_RenewBatch() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := postgres.Migrate(ctx, pool, postgres.Options{}); err != nil {
+		log.Fatal(err)
+	}
+	store, err := postgres.NewLeaseStore(pool, postgres.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+
+	worker := leader.Candidate{ID: "worker-7", Token: "a random per-instance token"}
+	billing, _, err := store.Acquire(ctx, "billing", worker, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mail, _, err := store.Acquire(ctx, "mail", worker, time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	batch := []leader.Renewal{
+		{Name: "billing", Token: worker.Token, Term: billing.Term, TTL: time.Minute},
+		{Name: "mail", Token: worker.Token, Term: mail.Term - 1, TTL: time.Minute},
+	}
+	store.RenewBatch(ctx, batch)
+	for _, r := range batch {
+		if r.Err != nil {
+			fmt.Printf("%s: not renewed (lease lost: %v)\n", r.Name, errors.Is(r.Err, leader.ErrLeaseLost))
+			continue
+		}
+		fmt.Printf("%s: renewed, term %d, held by %s\n", r.Name, r.Lease.Term, r.Lease.HolderID)
+	}
+	// Output:
+	// billing: renewed, term 1, held by worker-7
+	// mail: not renewed (lease lost: true)
 }
