@@ -290,8 +290,13 @@ func (d *database) leaseTable(ctx context.Context, database string) (t leaseTabl
 	}
 	defer conn.Close(context.Background())
 	table := pgx.Identifier{postgres.DefaultSchema, postgres.DefaultTable}.Sanitize()
-	err = conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT holder_id) FROM `+table+
-		` WHERE holder_token IS NOT NULL AND expires_at > clock_timestamp()`).Scan(&t.held, &t.holders)
+	beats := pgx.Identifier{postgres.DefaultSchema, postgres.DefaultHeartbeatTable}.Sanitize()
+	// A lease under a heartbeat is held while the heartbeat is unexpired
+	// and not dead (see the postgres package documentation).
+	err = conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT l.holder_id) FROM `+table+` AS l
+		LEFT JOIN `+beats+` AS h ON h.id = l.heartbeat AND NOT h.dead
+		WHERE l.holder_token IS NOT NULL
+			AND CASE WHEN l.heartbeat IS NULL THEN l.expires_at ELSE h.expires_at END > clock_timestamp()`).Scan(&t.held, &t.holders)
 	if err != nil {
 		return t, err
 	}

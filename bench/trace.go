@@ -124,7 +124,7 @@ func (s *countedStream) SendMsg(m any) error {
 // an UPDATE in a CTE named released.
 const (
 	sqlRenewMark   = "unnest("
-	sqlAcquireMark = "WITH granted AS"
+	sqlAcquireMark = "granted AS ("
 	sqlReleaseMark = "WITH released AS"
 )
 

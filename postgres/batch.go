@@ -139,18 +139,6 @@ func (b *renewBatcher) renewed(renewed map[heldKey]leaseRow, batch []*renewCall)
 	}
 }
 
-// renewedInRounds forgets the leases in renewed: they are renewed by
-// RenewBatch, so Renew's rounds need not wait for them.
-func (b *renewBatcher) renewedInRounds(renewed map[heldKey]leaseRow) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for k := range renewed {
-		if h, ok := b.held[holder{k.name, k.token}]; ok && h.term == k.term {
-			delete(b.held, holder{k.name, k.token})
-		}
-	}
-}
-
 // renew queues c for the next batch and waits for its outcome or for ctx
 // to end.
 func (b *renewBatcher) renew(c *renewCall) (leader.Lease, error) {
@@ -312,42 +300,6 @@ func (b *renewBatcher) outcome(ctx context.Context, renewed map[heldKey]leaseRow
 	l := r.lease(name)
 	l.Remaining = min(l.Remaining, ttl)
 	return l, nil
-}
-
-// RenewBatch implements leader.BatchRenewer: it renews the leases of batch
-// with one statement (per 50,000 leases), each as Renew would, on one
-// reading of the server's clock. The Electors of a process that share the
-// store renew this way, once per renew round for all their names.
-func (s *LeaseStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
-	for len(batch) > 0 {
-		n := min(len(batch), maxBatchSize)
-		s.renewBatch(ctx, batch[:n])
-		batch = batch[n:]
-	}
-}
-
-func (s *LeaseStore) renewBatch(ctx context.Context, batch []leader.Renewal) {
-	leases := make([]renewArgs, 0, len(batch))
-	for i := range batch {
-		r := &batch[i]
-		r.Lease, r.Err = leader.Lease{}, checkRenew(r.Name, r.Term, r.TTL)
-		if r.Err == nil {
-			leases = append(leases, renewArgs{r.Name, r.Token, int64(r.Term), int64(interval(r.TTL) / time.Microsecond)})
-		}
-	}
-	if len(leases) == 0 {
-		return
-	}
-	renewed, err := s.renewRows(ctx, leases)
-	b := s.renewals
-	for i := range batch {
-		if r := &batch[i]; r.Err == nil {
-			r.Lease, r.Err = b.outcome(ctx, renewed, err, r.Name, r.Token, int64(r.Term), r.TTL)
-		}
-	}
-	if err == nil {
-		b.renewedInRounds(renewed)
-	}
 }
 
 // batchContext returns the context of a batch's statement: it ends at the

@@ -26,7 +26,7 @@ import (
 //	CREATE ROLE leader_app LOGIN PASSWORD '...' NOSUPERUSER NOCREATEDB NOCREATEROLE;
 //	GRANT CONNECT ON DATABASE app TO leader_app;
 //	GRANT USAGE ON SCHEMA public TO leader_app;
-//	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory TO leader_app;
+//	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_heartbeats TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO leader_app;
 //
 // The message table's identity column needs no grant on its sequence, and
@@ -60,7 +60,7 @@ func Example_privileges() {
 		"CREATE ROLE " + r + " LOGIN PASSWORD '" + password + "' NOSUPERUSER NOCREATEDB NOCREATEROLE",
 		"GRANT CONNECT ON DATABASE " + database + " TO " + r,
 		"GRANT USAGE ON SCHEMA public TO " + r,
-		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory TO " + r,
+		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_heartbeats TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO " + r,
 	} {
 		if _, err := owner.Exec(ctx, sql); err != nil {

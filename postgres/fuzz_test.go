@@ -97,6 +97,8 @@ func FuzzOptions(f *testing.F) {
 			{got.qualifiedAdvisoryTable(), []string{got.Schema, got.AdvisoryTable}},
 			{got.qualifiedMessageTable(), []string{got.Schema, got.MessageTable}},
 			{got.messageIndex(), []string{shortName(got.MessageTable + "_channel_id")}},
+			{got.qualifiedHeartbeatTable(), []string{got.Schema, got.HeartbeatTable}},
+			{got.heartbeatIndex(), []string{shortName(got.Table + "_heartbeat")}},
 		} {
 			parts, err := unquoteIdentifier(q.quoted)
 			if err != nil {
@@ -116,6 +118,8 @@ func FuzzOptions(f *testing.F) {
 			defaults.qualifiedAdvisoryTable(), got.qualifiedAdvisoryTable(),
 			defaults.qualifiedMessageTable(), got.qualifiedMessageTable(),
 			defaults.messageIndex(), got.messageIndex(),
+			defaults.qualifiedHeartbeatTable(), got.qualifiedHeartbeatTable(),
+			defaults.heartbeatIndex(), got.heartbeatIndex(),
 		)
 		gotStmts := sqlOf(got)
 		for i := range gotStmts {
@@ -157,7 +161,8 @@ func offlinePool(f *testing.F) (*pgxpool.Pool, *atomic.Int64) {
 // sqlOf returns the SQL built for o: the lease store's statements, the
 // Router's that name its table, and the migration script.
 func sqlOf(o Options) []string {
-	s := newStatements(o.qualifiedTable())
+	s := newStatements(o)
+	hb := newBeatStatements(o)
 	r := newRouterStatements(o.qualifiedMessageTable())
 	a := newAdvisoryStatements(o.qualifiedAdvisoryTable())
 	script, err := migrationScript(o)
@@ -165,7 +170,8 @@ func sqlOf(o Options) []string {
 		script = "error: " + err.Error()
 	}
 	return []string{s.acquire, s.renewBatch, s.release, s.observe, r.notifyDurable, r.fetch, r.remove, r.failed,
-		a.grant, a.grantQuick, a.grantLocked, a.queue, a.regrant, a.renew, a.release, a.unlock, a.observe, a.waiter, a.heldHere, script}
+		a.grant, a.grantQuick, a.grantLocked, a.queue, a.regrant, a.renew, a.release, a.unlock, a.observe, a.waiter, a.heldHere,
+		hb.insert, hb.renew, hb.reconcile, script}
 }
 
 // documentedOptions returns o with the defaults documented on Options
@@ -182,6 +188,9 @@ func documentedOptions(o Options) Options {
 	}
 	if o.MessageTable == "" {
 		o.MessageTable = "leader_messages"
+	}
+	if o.HeartbeatTable == "" {
+		o.HeartbeatTable = "leader_heartbeats"
 	}
 	short := func(s string) string {
 		if len(s) <= 63 {
@@ -208,6 +217,7 @@ func brokenOptions(o Options) map[string]string {
 	for field, v := range map[string]string{
 		"Schema": o.Schema, "Table": o.Table, "AdvisoryTable": o.AdvisoryTable,
 		"MessageTable": o.MessageTable, "Channel": o.Channel, "MessageChannel": o.MessageChannel,
+		"HeartbeatTable": o.HeartbeatTable,
 	} {
 		switch {
 		case len(v) > 63:
@@ -226,6 +236,9 @@ func brokenOptions(o Options) map[string]string {
 	}
 	if o.MessageChannel == o.Channel {
 		broken["MessageChannel"] = "differs from Channel"
+	}
+	if o.HeartbeatTable == o.Table || o.HeartbeatTable == o.AdvisoryTable || o.HeartbeatTable == o.MessageTable {
+		broken["HeartbeatTable"] = "differs from the other tables"
 	}
 	return broken
 }

@@ -97,6 +97,8 @@ func migrationScript(opts Options) (string, error) {
 			"{{advisory_table}}", opts.qualifiedAdvisoryTable(),
 			"{{message_table}}", opts.qualifiedMessageTable(),
 			"{{message_index}}", opts.messageIndex(),
+			"{{heartbeat_table}}", opts.qualifiedHeartbeatTable(),
+			"{{heartbeat_index}}", opts.heartbeatIndex(),
 		).Replace(string(sql)))
 		b.WriteString("\n")
 	}

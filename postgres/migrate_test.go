@@ -160,3 +160,36 @@ func TestLeaseTableLeavesRoomForRenewals(t *testing.T) {
 	}
 	t.Logf("%d of %d updates heap-only", hot, upd)
 }
+
+// A lease table made by an earlier version, without heartbeats, gets them
+// when Migrate runs again, and its leases carry on: a lease granted before
+// the upgrade is renewed in rounds after it.
+func TestMigrateAddsHeartbeatsToAnEarlierLeaseTable(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	if _, err := pool.Exec(callCtx(t), `CREATE TABLE public.leader_leases (
+		name text PRIMARY KEY, term bigint NOT NULL CHECK (term > 0), holder_token text,
+		holder_id text NOT NULL DEFAULT '', acquired_at timestamptz, renewed_at timestamptz, expires_at timestamptz,
+		CHECK ((holder_token IS NULL) = (expires_at IS NULL)))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(callCtx(t), `INSERT INTO public.leader_leases VALUES
+		('before', 4, 'token-a', 'alice', clock_timestamp(), clock_timestamp(), clock_timestamp() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	b := setupOn(t, pool, Options{})
+	var indexed bool
+	if err := pool.QueryRow(callCtx(t), `SELECT EXISTS (SELECT FROM pg_indexes
+		WHERE tablename = 'leader_leases' AND indexdef LIKE '%(heartbeat)%')`).Scan(&indexed); err != nil || !indexed {
+		t.Fatalf("heartbeat index after Migrate: %v, %v", indexed, err)
+	}
+	batch := []leader.Renewal{{Name: "before", Token: "token-a", Term: 4, TTL: time.Minute}}
+	mustRenewBatch(t, b.store, batch)
+	if got := heartbeatOf(t, pool, "before"); got == "" {
+		t.Fatal("no heartbeat")
+	}
+	mustRenewBatch(t, b.store, []leader.Renewal{{Name: "before", Token: "token-a", Term: 4, TTL: time.Minute}})
+	if l, err := b.store.Observe(callCtx(t), "before"); err != nil || !l.Held() || l.HolderID != "alice" || l.Term != 4 {
+		t.Fatalf("Observe after the upgrade: %+v, %v; want alice holding term 4", l, err)
+	}
+}

@@ -47,7 +47,7 @@ func appGrants(role, database string) []string {
 	return []string{
 		"GRANT CONNECT ON DATABASE " + db + " TO " + r,
 		"GRANT USAGE ON SCHEMA public TO " + r,
-		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory TO " + r,
+		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_heartbeats TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO " + r,
 	}
 }
@@ -231,6 +231,7 @@ func TestLeastPrivilege(t *testing.T) {
 		}
 		want := []string{
 			"leader_advisory INSERT,SELECT,UPDATE",
+			"leader_heartbeats INSERT,SELECT,UPDATE",
 			"leader_leases INSERT,SELECT,UPDATE",
 			"leader_messages DELETE,INSERT,SELECT,UPDATE",
 		}

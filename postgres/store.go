@@ -41,7 +41,7 @@
 //
 //	GRANT CONNECT ON DATABASE app TO leader_app;
 //	GRANT USAGE ON SCHEMA public TO leader_app;
-//	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory TO leader_app;
+//	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_heartbeats TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO leader_app;
 //
 // The message table's identity sequence needs no grant, and LISTEN,
@@ -201,6 +201,9 @@ const (
 	// DefaultMessageTable is the table used when Options.MessageTable is
 	// empty.
 	DefaultMessageTable = "leader_messages"
+	// DefaultHeartbeatTable is the table used when Options.HeartbeatTable
+	// is empty.
+	DefaultHeartbeatTable = "leader_heartbeats"
 	// DefaultTakeoverGrace is Options.TakeoverGrace when it is zero.
 	DefaultTakeoverGrace = 50 * time.Millisecond
 )
@@ -240,6 +243,12 @@ type Options struct {
 	// Default DefaultMessageTable ("leader_messages"). At most 63 bytes;
 	// any valid UTF-8 but NUL (it is always quoted).
 	MessageTable string
+
+	// HeartbeatTable is the name of the lease strategy's heartbeat table
+	// (see "Heartbeats" in the package documentation). Default
+	// DefaultHeartbeatTable ("leader_heartbeats"). At most 63 bytes; any
+	// valid UTF-8 but NUL (it is always quoted).
+	HeartbeatTable string
 
 	// Channel is the LISTEN/NOTIFY channel for the stores' wake-ups. The
 	// payload of a release is the election name ("~r" and the name, for a
@@ -307,6 +316,9 @@ func (o Options) withDefaults() Options {
 	if o.MessageTable == "" {
 		o.MessageTable = DefaultMessageTable
 	}
+	if o.HeartbeatTable == "" {
+		o.HeartbeatTable = DefaultHeartbeatTable
+	}
 	if o.Channel == "" {
 		o.Channel = defaultChannel(o.Schema, o.Table)
 	}
@@ -343,6 +355,7 @@ func (o Options) validate() error {
 		{"Table", o.Table},
 		{"AdvisoryTable", o.AdvisoryTable},
 		{"MessageTable", o.MessageTable},
+		{"HeartbeatTable", o.HeartbeatTable},
 		{"Channel", o.Channel},
 		{"MessageChannel", o.MessageChannel},
 	} {
@@ -363,6 +376,8 @@ func (o Options) validate() error {
 		return &OptionsError{Field: "MessageTable", Value: o.MessageTable, Rule: "must differ from Table"}
 	case o.MessageTable == o.AdvisoryTable:
 		return &OptionsError{Field: "MessageTable", Value: o.MessageTable, Rule: "must differ from AdvisoryTable"}
+	case o.HeartbeatTable == o.Table || o.HeartbeatTable == o.AdvisoryTable || o.HeartbeatTable == o.MessageTable:
+		return &OptionsError{Field: "HeartbeatTable", Value: o.HeartbeatTable, Rule: "must differ from Table, AdvisoryTable and MessageTable"}
 	case o.MessageChannel == o.Channel:
 		return &OptionsError{Field: "MessageChannel", Value: o.MessageChannel, Rule: "must differ from Channel"}
 	}
@@ -389,6 +404,18 @@ func (o Options) qualifiedMessageTable() string {
 	return pgx.Identifier{o.Schema, o.MessageTable}.Sanitize()
 }
 
+// qualifiedHeartbeatTable returns the quoted, schema-qualified name of the
+// lease strategy's heartbeat table.
+func (o Options) qualifiedHeartbeatTable() string {
+	return pgx.Identifier{o.Schema, o.HeartbeatTable}.Sanitize()
+}
+
+// heartbeatIndex returns the quoted name of the lease table's index on its
+// heartbeat column, which lives in the table's schema.
+func (o Options) heartbeatIndex() string {
+	return pgx.Identifier{shortName(o.Table + "_heartbeat")}.Sanitize()
+}
+
 // messageIndex returns the quoted name of the message table's (channel, id)
 // index, which lives in the table's schema.
 func (o Options) messageIndex() string {
@@ -404,6 +431,8 @@ type LeaseStore struct {
 	sql  statements
 	wakeups
 	renewals *renewBatcher
+	beats    beats
+	beatSQL  beatStatements
 }
 
 var (
@@ -426,7 +455,8 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 	s := &LeaseStore{
 		pool:    pool,
 		opts:    opts,
-		sql:     newStatements(opts.qualifiedTable()),
+		sql:     newStatements(opts),
+		beatSQL: newBeatStatements(opts),
 		wakeups: newWakeups(pool.Config().ConnConfig, opts, "the lease store's wake-ups"),
 	}
 	s.renewals = newRenewBatcher(s)
@@ -441,8 +471,29 @@ type statements struct {
 	acquire, renewBatch, release, observe string
 }
 
-// held is the SQL condition for a row of l that has a holder at c.now.
-const held = `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`
+// expiry returns the SQL expression for when the lease of row l runs out,
+// with hb the quoted heartbeat table: its own expires_at, or, for a lease
+// under a heartbeat, the heartbeat's expiry while it is not dead
+// ('-infinity' once it is dead or gone).
+func expiry(hb string) string {
+	return fmt.Sprintf(`(CASE WHEN l.heartbeat IS NULL THEN l.expires_at
+		ELSE coalesce((SELECT h.expires_at FROM %s AS h WHERE h.id = l.heartbeat AND NOT h.dead), '-infinity') END)`, hb)
+}
+
+// lockedExpiry is expiry for a statement that must see a heartbeat as it
+// stands once the renewals of it under way have committed, not as the
+// statement's snapshot has it: the heartbeat is read with a share lock,
+// which waits for a renewal under way and reads the row it committed.
+func lockedExpiry(hb string) string {
+	return fmt.Sprintf(`(CASE WHEN l.heartbeat IS NULL THEN l.expires_at
+		ELSE coalesce((SELECT h.expires_at FROM %s AS h WHERE h.id = l.heartbeat AND NOT h.dead FOR SHARE), '-infinity') END)`, hb)
+}
+
+// heldAt returns the SQL condition for a row of l that has a holder at
+// now, with hb the quoted heartbeat table.
+func heldAt(hb, now string) string {
+	return fmt.Sprintf(`(l.holder_token IS NOT NULL AND %s > %s)`, expiry(hb), now)
+}
 
 // releasePayload and grantPayload are the SQL expressions for the NOTIFY
 // payloads of a release and of a grant of row name (see parsePayload).
@@ -453,68 +504,82 @@ var (
 		maxPayloadLength-len(payloadGrant), payloadGrant)
 )
 
-func newStatements(table string) statements {
+func newStatements(opts Options) statements {
+	table, hb := opts.qualifiedTable(), opts.qualifiedHeartbeatTable()
 	return statements{
 		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel.
 		//
 		// "granted" inserts the row or takes it over where it is free,
-		// expired or held by the same token; ON CONFLICT locks the row
-		// and judges it as it stands after any concurrent transaction
-		// committed. "notified" sends the wake-up for a grant, and
-		// "durable" makes its commit durable (durableCommit). When nothing
-		// was granted, "existing" reports the row, locked FOR UPDATE so that
-		// it too is the row as it stands and not as it was when the
-		// statement began. ("existing" is read only in that case: the
+		// held by the same token, or expired: its own expiry passed, or
+		// the heartbeat it is under was found expired by "killed", which
+		// marks that heartbeat dead in the same statement so that it can
+		// never be renewed again (see "Heartbeats" in the package
+		// documentation). ON CONFLICT locks the row and judges it as it
+		// stands after any concurrent transaction committed; "killed"
+		// judges the heartbeat the same way, as an UPDATE. A grant's
+		// lease is under no heartbeat. "notified" sends the wake-up for a
+		// grant, and "durable" makes its commit durable (durableCommit).
+		// When nothing was granted, "existing" reports the row, locked FOR
+		// UPDATE so that it too is the row as it stands and not as it was
+		// when the statement began, and its heartbeat likewise
+		// (lockedExpiry). ("existing" is read only in that case: the
 		// second branch runs only if "granted" is empty.)
 		acquire: fmt.Sprintf(`
-WITH granted AS (
+WITH killed AS (
+	UPDATE %[5]s AS h SET dead = true
+	FROM %[1]s AS k
+	WHERE k.name = $1 AND h.id = k.heartbeat AND h.expires_at <= clock_timestamp()
+	RETURNING h.id
+), granted AS (
 	INSERT INTO %[1]s AS l (name, term, holder_token, holder_id, acquired_at, renewed_at, expires_at)
 	SELECT $1, 1, $2, $3, c.now, c.now, c.now + $4::interval
 	FROM clock_timestamp() AS c(now)
 	ON CONFLICT (name) DO UPDATE
-	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at) = (
-		SELECT l.term + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval
+	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat) = (
+		SELECT l.term + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL
 		FROM clock_timestamp() AS c(now)
 	)
 	WHERE l.holder_token IS NULL
 		OR l.holder_token = excluded.holder_token
-		OR l.expires_at <= clock_timestamp()
+		OR (l.heartbeat IS NULL AND l.expires_at <= clock_timestamp())
+		OR l.heartbeat IN (SELECT id FROM killed)
 	RETURNING l.name, l.term, l.holder_id, l.acquired_at, l.expires_at
 ), notified AS (
 	SELECT pg_notify($5, %[2]s) FROM granted
 ), durable AS (
 	SELECT %[4]s FROM granted
 ), existing AS (
-	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, l.expires_at
+	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, %[6]s AS expires_at
 	FROM %[1]s AS l
 	WHERE l.name = $1
-	FOR UPDATE
+	FOR UPDATE OF l
 )
 SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
 	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable)
 FROM granted AS g
 UNION ALL
-SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, l.expires_at,
+SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, nullif(l.expires_at, '-infinity'),
 	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0
 FROM existing AS l, clock_timestamp() AS c(now)
-WHERE NOT EXISTS (SELECT FROM granted)`, table, grantPayload, held, durableCommit),
+WHERE NOT EXISTS (SELECT FROM granted)`, table, grantPayload, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, lockedExpiry(hb)),
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired
 		// lease held by its token under its term, on one reading of the
-		// server's clock; never inserts. Returns the leases renewed.
+		// server's clock, on its own expiry (taking it out from under a
+		// heartbeat); never inserts. Returns the leases renewed.
 		// "durable" (one row) makes the commit durable (durableCommit).
 		renewBatch: fmt.Sprintf(`
 WITH durable AS (
 	SELECT %[2]s
 )
 UPDATE %[1]s AS l
-SET (renewed_at, expires_at) = (c.now, c.now + r.ttl_us * interval '1 microsecond')
+SET (renewed_at, expires_at, heartbeat) = (c.now, c.now + r.ttl_us * interval '1 microsecond', NULL)
 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS r(name, token, term, ttl_us),
 	clock_timestamp() AS c(now), durable
 WHERE l.name = r.name AND l.holder_token = r.token AND l.term = r.term
-	AND l.expires_at > c.now
-RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_at, l.expires_at - clock_timestamp()`, table, durableCommit),
+	AND %[3]s > c.now
+RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_at, l.expires_at - clock_timestamp()`, table, durableCommit, expiry(hb)),
 
 		// Release: $1 name, $2 token, $3 term, $4 channel. Frees an
 		// unexpired lease held by the token under the term, keeping the
@@ -523,21 +588,21 @@ RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_
 		release: fmt.Sprintf(`
 WITH released AS (
 	UPDATE %[1]s AS l
-	SET holder_token = NULL, holder_id = '', acquired_at = NULL, renewed_at = NULL, expires_at = NULL
+	SET holder_token = NULL, holder_id = '', acquired_at = NULL, renewed_at = NULL, expires_at = NULL, heartbeat = NULL
 	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
-		AND l.expires_at > clock_timestamp()
+		AND %[3]s > clock_timestamp()
 	RETURNING l.name
 ), notified AS (
 	SELECT pg_notify($4, %[2]s) FROM released
 )
-SELECT count(*) FROM notified`, table, releasePayload),
+SELECT count(*) FROM notified`, table, releasePayload, expiry(hb)),
 
 		// Observe: $1 name.
 		observe: fmt.Sprintf(`
-SELECT l.term, %[2]s, l.holder_id, l.acquired_at, l.expires_at,
-	CASE WHEN %[2]s THEN l.expires_at - c.now ELSE interval '0' END
+SELECT l.term, %[2]s, l.holder_id, l.acquired_at, nullif(%[3]s, '-infinity'),
+	CASE WHEN %[2]s THEN %[3]s - c.now ELSE interval '0' END
 FROM %[1]s AS l, clock_timestamp() AS c(now)
-WHERE l.name = $1`, table, held),
+WHERE l.name = $1`, table, heldAt(hb, "c.now"), expiry(hb)),
 	}
 }
 
@@ -613,6 +678,7 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 	if granted {
 		l.Remaining = min(l.Remaining, ttl)
 		s.renewals.granted(name, c.Token, r.term, ttl)
+		s.beats.forget(name, c.Token) // a grant is under no heartbeat
 	}
 	return l, granted, nil
 }
@@ -642,6 +708,7 @@ func (s *LeaseStore) Release(ctx context.Context, name, token string, term uint6
 		return fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
 	}
 	s.renewals.ended(name, token, int64(term))
+	s.beats.forget(name, token)
 	var released int64
 	err := s.pool.QueryRow(ctx, s.sql.release, name, token, int64(term), s.opts.Channel).Scan(&released)
 	if err != nil {
