@@ -415,13 +415,17 @@ func (t *tenure) stopPoint() time.Time {
 }
 
 // extend moves the local deadline after a renewal sent at sent succeeded,
-// unless leadership has ended: once the stop timer has fired (Stop reports
-// false) or the lead loop has stopped, the store's answer comes too late.
-func (t *tenure) extend(sent time.Time, l Lease) {
+// answered at contact (on the wall clock), unless leadership has ended:
+// once the stop timer has fired (Stop reports false) or the lead loop has
+// stopped, the store's answer comes too late.
+func (t *tenure) extend(sent, contact time.Time, l Lease) {
 	e := t.e
 	t.mu.Lock()
 	if t.over || !t.timer.Stop() {
 		t.mu.Unlock()
+		e.mu.Lock()
+		e.status.LastContact = contact
+		e.mu.Unlock()
 		return
 	}
 	t.deadline = sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
@@ -430,6 +434,7 @@ func (t *tenure) extend(sent time.Time, l Lease) {
 	recovered := t.lastErr != nil
 	t.lastErr = nil
 	e.mu.Lock()
+	e.status.LastContact = contact
 	if e.leaderCtx == t.lctx {
 		e.status.ExpiresAt = l.ExpiresAt
 		e.status.StopAt = t.stopAt

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"sync"
 	"time"
+
+	"github.com/leaderelect/leader/internal/wallclock"
 )
 
 // A leadership (a tenure) is renewed by a renewer. The tenures of every
@@ -224,6 +226,7 @@ func (r *renewer) send(due []*tenure) {
 
 	sent := time.Now()
 	r.renew(ctx, batch)
+	contact := wallclock.Now()
 
 	r.mu.Lock()
 	r.cancelBatch, r.inBatch = nil, 0
@@ -239,7 +242,7 @@ func (r *renewer) send(due []*tenure) {
 		if !waiting[i] {
 			continue
 		}
-		next, keep := t.renewed(sent, batch[i], r.every)
+		next, keep := t.renewed(sent, contact, batch[i], r.every)
 		r.mu.Lock()
 		if _, member := r.members[t]; member && keep {
 			t.next = next
@@ -250,17 +253,20 @@ func (r *renewer) send(due []*tenure) {
 	}
 }
 
-// renewed applies the outcome of a renewal sent at sent: on success it
+// renewed applies the outcome of a renewal sent at sent and answered at
+// contact (on the wall clock, for Status.LastContact): on success it
 // extends the local deadline (unless leadership has already ended), and it
 // returns when to renew next; keep is false after an outcome that ends the
 // tenure, which is handed to the lead loop.
-func (t *tenure) renewed(sent time.Time, r Renewal, every time.Duration) (next time.Time, keep bool) {
+func (t *tenure) renewed(sent, contact time.Time, r Renewal, every time.Duration) (next time.Time, keep bool) {
 	e := t.e
+	if r.Err == nil {
+		e.cfg.Metrics.StoreCall(e.cfg.Name, "renew", time.Since(sent), nil)
+		t.extend(sent, contact, r.Lease)
+		return nextRenewal(sent, every), true
+	}
 	e.recordCall("renew", sent, r.Err)
 	switch {
-	case r.Err == nil:
-		t.extend(sent, r.Lease)
-		return nextRenewal(sent, every), true
 	case errors.Is(r.Err, ErrLeaseLost), errors.Is(r.Err, ErrReadOnly):
 		select {
 		case t.failed <- r.Err:

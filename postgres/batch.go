@@ -115,6 +115,22 @@ func (b *renewBatcher) ended(name, token string, term int64) {
 	b.mu.Unlock()
 }
 
+// renewedElsewhere records that the leases of batch renewed without error
+// are renewed by RenewBatch, so Renew's rounds need not wait for them.
+func (b *renewBatcher) renewedElsewhere(batch []leader.Renewal) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.held) == 0 {
+		return
+	}
+	for _, r := range batch {
+		k := holder{r.Name, r.Token}
+		if h, ok := b.held[k]; ok && r.Err == nil && h.term == int64(r.Term) {
+			delete(b.held, k)
+		}
+	}
+}
+
 // renewed records that the leases of batch in renewed were renewed, and
 // forgets the leases that surely expired without a renewal (their Elector
 // stopped without a word), so that rounds stop waiting for them.

@@ -41,8 +41,8 @@ type heartbeat struct {
 	sending sync.Mutex
 
 	// Guarded by beats.mu.
-	created bool                 // its row was inserted
-	leases  map[holder]beatLease // the leases under it
+	created bool                  // its row was inserted
+	leases  map[holder]*beatLease // the leases under it
 }
 
 // beats are a store's heartbeats, one per TTL.
@@ -63,7 +63,7 @@ func (b *beats) get(ttl time.Duration) (*heartbeat, error) {
 	if _, err := crand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("postgres: making a heartbeat id: %w", err)
 	}
-	hb := &heartbeat{id: hex.EncodeToString(id[:]), ttl: ttl, leases: map[holder]beatLease{}}
+	hb := &heartbeat{id: hex.EncodeToString(id[:]), ttl: ttl, leases: map[holder]*beatLease{}}
 	if b.byTTL == nil {
 		b.byTTL = map[time.Duration]*heartbeat{}
 	}
@@ -189,13 +189,7 @@ func (s *LeaseStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
 			group = group[n:]
 		}
 	}
-	// Renew's batches need not wait for these leases: RenewBatch renews
-	// them.
-	for _, r := range batch {
-		if r.Err == nil {
-			s.renewals.ended(r.Name, r.Token, int64(r.Term))
-		}
-	}
+	s.renewals.renewedElsewhere(batch)
 }
 
 // renewBeat renews the leases of group, all asking for ttl, with the
@@ -216,6 +210,7 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 	now := time.Now()
 	var (
 		under, fresh           []*leader.Renewal
+		underLeases            []*beatLease // under's, in order
 		names, tokens          []string
 		terms                  []int64
 		expected               int64
@@ -223,7 +218,7 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 		beatExpires            time.Time
 		beatLeft               time.Duration
 		underCount             int64
-		movedRows              = map[heldKey]beatLease{}
+		movedRows              = map[heldKey]*beatLease{}
 		sawBeat, pruned        bool
 		stale                  = 2 * ttl
 		reconciled             map[heldKey]bool
@@ -234,10 +229,9 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 	s.beats.mu.Lock()
 	for _, r := range group {
 		k := holder{r.Name, r.Token}
-		if l, ok := hb.leases[k]; ok && l.term == int64(r.Term) {
+		if l := hb.leases[k]; l != nil && l.term == int64(r.Term) {
 			l.asked = now
-			hb.leases[k] = l
-			under = append(under, r)
+			under, underLeases = append(under, r), append(underLeases, l)
 			continue
 		}
 		fresh = append(fresh, r)
@@ -245,11 +239,14 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 	}
 	// A lease no Elector asked to renew for a while (its Elector stopped
 	// without a release that went through) is let go: the reconciliation
-	// below takes it out from under the heartbeat.
-	for k, l := range hb.leases {
-		if now.Sub(l.asked) > stale {
-			delete(hb.leases, k)
-			pruned = true
+	// below takes it out from under the heartbeat. (When every lease under
+	// the heartbeat was asked for, none is stale.)
+	if len(under) < len(hb.leases) {
+		for k, l := range hb.leases {
+			if now.Sub(l.asked) > stale {
+				delete(hb.leases, k)
+				pruned = true
+			}
 		}
 	}
 	expected, created = int64(len(hb.leases)), hb.created
@@ -264,7 +261,7 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 		_, err = pgx.ForEachRow(rows, []any{&beatExpires, &beatLeft, &underCount, &mName, &mToken, &mTerm, &mHolder, &mAcquired}, func() error {
 			sawBeat = true
 			if mName != nil && mToken != nil && mTerm != nil && mHolder != nil && mAcquired != nil {
-				movedRows[heldKey{*mName, *mToken, *mTerm}] = beatLease{term: *mTerm, holderID: *mHolder, acquiredAt: *mAcquired, asked: now}
+				movedRows[heldKey{*mName, *mToken, *mTerm}] = &beatLease{term: *mTerm, holderID: *mHolder, acquiredAt: *mAcquired, asked: now}
 			}
 			return nil
 		})
@@ -295,7 +292,7 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 		return
 	}
 
-	lease := func(r *leader.Renewal, l beatLease) leader.Lease {
+	lease := func(r *leader.Renewal, l *beatLease) leader.Lease {
 		return leader.Lease{Name: r.Name, HolderID: l.holderID, Term: r.Term, AcquiredAt: l.acquiredAt,
 			ExpiresAt: beatExpires, Remaining: min(beatLeft, ttl)}
 	}
@@ -334,14 +331,15 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 	}
 	s.beats.mu.Lock()
 	defer s.beats.mu.Unlock()
-	for _, r := range under {
-		k := holder{r.Name, r.Token}
-		l, ok := hb.leases[k]
-		if ok && reconciled != nil && !reconciled[heldKey{r.Name, r.Token, l.term}] {
-			delete(hb.leases, k)
-			ok = false
+	for i, r := range under {
+		l := underLeases[i]
+		if reconciled != nil && !reconciled[heldKey{r.Name, r.Token, l.term}] {
+			if hb.leases[holder{r.Name, r.Token}] == l {
+				delete(hb.leases, holder{r.Name, r.Token})
+			}
+			l = nil
 		}
-		if !ok || l.term != int64(r.Term) {
+		if l == nil {
 			r.Err = fmt.Errorf("postgres: renew %q term %d: %w", r.Name, r.Term, leader.ErrLeaseLost)
 			continue
 		}
