@@ -65,8 +65,11 @@
 //	holder_token  the holder's random per-instance token; NULL while free
 //	holder_id     the holder's candidate ID, for display; '' while free
 //	acquired_at   when the current holder was granted the lease
-//	renewed_at    when the current holder last renewed it
-//	expires_at    when the lease runs out unless renewed; NULL while free
+//	renewed_at    when the current holder last renewed it (or moved it
+//	              under a heartbeat)
+//	expires_at    when the lease runs out unless renewed; NULL while free;
+//	              'infinity' while it is under a heartbeat
+//	heartbeat     the heartbeat the lease is under, or NULL (see Heartbeats)
 //
 // Rows are never deleted. A release clears the holder but keeps the term, so
 // the next grant is term+1 and terms never go back (DESIGN.md invariant 2).
@@ -99,10 +102,11 @@
 // Renewals are batched: the store is a [leader.BatchRenewer], so the
 // Electors of a process that lead on one LeaseStore with one RenewInterval
 // renew together, with one call to [LeaseStore.RenewBatch] per renew round
-// and so one statement, which renews each lease on its own terms (a lease
-// no longer held is reported lost, the others renewed), whatever the number
-// of names. Renew calls that reach the store together are batched the same
-// way.
+// and so one statement, whatever the number of names: it renews the
+// store's heartbeat (see Heartbeats). Renew calls that reach the store
+// together are sent as one statement too, which renews each lease on its
+// own row and terms (a lease no longer held is reported lost, the others
+// renewed).
 //
 // A follower sends one statement per TTL, but pgxpool pings a connection
 // that was idle for a second or more before handing it out, so with the
@@ -110,6 +114,49 @@
 // followers), set the pool's Config.ShouldPing to ping less often, for
 // example only connections idle for longer than the TTL; a connection that
 // died meanwhile then fails one call, which the Elector retries.
+//
+// # Heartbeats
+//
+// A process that leads 10,000 names would otherwise rewrite 10,000 rows
+// per renew round. Instead, [LeaseStore.RenewBatch] keeps a heartbeat per
+// TTL: a row of the heartbeat table (by default public.leader_heartbeats)
+// with a random id, an expiry and a dead flag. Its first round for a lease
+// moves the lease under the heartbeat (the lease row names it, and its own
+// expires_at becomes 'infinity'), in the statement that renews the
+// heartbeat; from then on a round renews the heartbeat's row alone, and
+// moves only the leases new to it.
+//
+// A lease under a heartbeat is held while the heartbeat is unexpired and
+// not dead, and every statement that judges a lease judges it so. The
+// invariants hold as for a lease on a row of its own:
+//
+//   - A heartbeat is renewed only while it is unexpired and not dead, for
+//     ttl from the server's now, so a lease under it stays held for at
+//     least the TTL its Elector counts its deadline from.
+//   - Acquire takes a lease over from an expired heartbeat only by marking
+//     the heartbeat dead in the same statement. That is an UPDATE of the
+//     heartbeat's row, so it waits for a renewal of it under way and then
+//     finds it unexpired (and takes nothing), or it goes first, and the
+//     renewal, waiting for it, finds the heartbeat dead. A dead heartbeat
+//     is never renewed again, even if the server's clock steps back. Its
+//     holder's next round reports every lease under it lost.
+//   - Only the store that owns a heartbeat moves leases under it, one
+//     statement at a time; a grant (to the same token too), a release and
+//     a Renew take the lease out from under it. Each round counts the
+//     leases under the heartbeat, and if the count is not what the store
+//     expects (a lease left it behind the store's back, say released
+//     through another store), it asks which of its leases are still there,
+//     reports the others lost, and takes out from under the heartbeat any
+//     lease it no longer renews (the lease keeps the heartbeat's expiry as
+//     its own).
+//
+// The store makes a new heartbeat when it first renews with a TTL, and
+// after one died. Heartbeat rows are never deleted; there is one per store,
+// TTL and process start, a few dozen bytes each. A lease under a heartbeat
+// expires at 'infinity' on its row, so a client of a version before
+// heartbeats never takes it over (it cannot see the heartbeat expire):
+// upgrade every client of a lease table before relying on takeovers of
+// leases that upgraded ones held.
 //
 // # Durability
 //
