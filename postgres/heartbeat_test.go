@@ -248,8 +248,11 @@ func TestATakeoverWaitsForAHeartbeatRenewalUnderWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := <-done
-	if r.err != nil || r.granted || r.l.HolderID != alice.ID {
-		t.Fatalf("bob's Acquire while alice's heartbeat renewal was under way: %+v, granted %v, %v; want refused, alice holding", r.l, r.granted, r.err)
+	if r.err != nil || r.granted {
+		t.Fatalf("bob's Acquire while alice's heartbeat renewal was under way: %+v, granted %v, %v; want refused", r.l, r.granted, r.err)
+	}
+	if o, err := s.Observe(callCtx(t), "race"); err != nil || !o.Held() || o.HolderID != alice.ID || o.Term != l.Term {
+		t.Fatalf("Observe after bob was refused: %+v, %v; want alice holding term %d", o, err, l.Term)
 	}
 	mustRenewBatch(t, s, renewals(alice, ttl, l))
 }
@@ -303,5 +306,49 @@ func TestRenewBatchReconcilesItsHeartbeat(t *testing.T) {
 	}
 	if err != nil || !slices.Equal(names, []string{"rec-a"}) {
 		t.Errorf("leases under the heartbeat: %v, %v; want [rec-a]", names, err)
+	}
+}
+
+// Statements lock a heartbeat before a lease row, never after: a refused
+// Acquire (which holds the lease row) does not wait for a renewal of the
+// heartbeat that is about to move that lease, which would deadlock.
+func TestARefusedAcquireDoesNotWaitForTheHeartbeat(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s, pool := b.store, b.pool
+	alice, bob := candidate("alice"), candidate("bob")
+	const ttl = 30 * time.Second
+	l := mustGrant(t, s, "order", alice, ttl)
+	mustRenewBatch(t, s, renewals(alice, ttl, l))
+	hb := heartbeatOf(t, pool, "order")
+
+	// A round under way: it has renewed the heartbeat and is about to
+	// write the lease row.
+	tx, err := pool.Begin(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(callCtx(t), `UPDATE leader_heartbeats SET expires_at = clock_timestamp() + interval '1 minute' WHERE id = $1`, hb); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		_, granted, err := s.Acquire(ctx, "order", bob, ttl)
+		if err == nil && granted {
+			err = fmt.Errorf("bob was granted a lease under a live heartbeat")
+		}
+		done <- err
+	}()
+	if err := <-done; err != nil {
+		t.Fatalf("bob's Acquire while a renewal of the heartbeat was under way: %v", err)
+	}
+	if _, err := tx.Exec(callCtx(t), `UPDATE leader_leases SET renewed_at = clock_timestamp() WHERE name = 'order'`); err != nil {
+		t.Fatalf("the round's write of the lease row: %v", err)
+	}
+	if err := tx.Commit(callCtx(t)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -527,15 +527,6 @@ func expiry(hb string) string {
 		ELSE coalesce((SELECT h.expires_at FROM %s AS h WHERE h.id = l.heartbeat AND NOT h.dead), '-infinity') END)`, hb)
 }
 
-// lockedExpiry is expiry for a statement that must see a heartbeat as it
-// stands once the renewals of it under way have committed, not as the
-// statement's snapshot has it: the heartbeat is read with a share lock,
-// which waits for a renewal under way and reads the row it committed.
-func lockedExpiry(hb string) string {
-	return fmt.Sprintf(`(CASE WHEN l.heartbeat IS NULL THEN l.expires_at
-		ELSE coalesce((SELECT h.expires_at FROM %s AS h WHERE h.id = l.heartbeat AND NOT h.dead FOR SHARE), '-infinity') END)`, hb)
-}
-
 // heldAt returns the SQL condition for a row of l that has a holder at
 // now, with hb the quoted heartbeat table.
 func heldAt(hb, now string) string {
@@ -568,9 +559,14 @@ func newStatements(opts Options) statements {
 		// grant, and "durable" makes its commit durable (durableCommit).
 		// When nothing was granted, "existing" reports the row, locked FOR
 		// UPDATE so that it too is the row as it stands and not as it was
-		// when the statement began, and its heartbeat likewise
-		// (lockedExpiry). ("existing" is read only in that case: the
-		// second branch runs only if "granted" is empty.)
+		// when the statement began. ("existing" is read only in that case:
+		// the second branch runs only if "granted" is empty.) Its
+		// heartbeat is read as the statement's snapshot has it, without a
+		// lock: every statement locks a heartbeat before a lease row, never
+		// after, so that none of them deadlock. A renewal of it that
+		// committed meanwhile is then not seen, and the lease may be
+		// reported free when it is not, which costs the caller one more
+		// attempt but grants it nothing.
 		acquire: fmt.Sprintf(`
 WITH killed AS (
 	UPDATE %[5]s AS h SET dead = true
@@ -608,7 +604,7 @@ UNION ALL
 SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, nullif(l.expires_at, '-infinity'),
 	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0
 FROM existing AS l, clock_timestamp() AS c(now)
-WHERE NOT EXISTS (SELECT FROM granted)`, table, grantPayload, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, lockedExpiry(hb)),
+WHERE NOT EXISTS (SELECT FROM granted)`, table, grantPayload, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb)),
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired
