@@ -75,14 +75,17 @@ func (s *batchStore) batchesSince(n int) [][]string {
 	return slices.Clone(s.batches[n:])
 }
 
-// leadAll starts an Elector for each name on store, with cfg's settings,
-// and waits until all lead.
-func leadAll(t *testing.T, store leader.Store, names []string, cfg leader.Config) map[string]*leader.Elector {
+// leadAll starts an Elector for each name on store, with cfg's settings
+// (and then each's own, if each is not nil), and waits until all lead.
+func leadAll(t *testing.T, store leader.Store, names []string, cfg leader.Config, each func(name string, c *leader.Config)) map[string]*leader.Elector {
 	t.Helper()
 	es := map[string]*leader.Elector{}
 	for _, name := range names {
 		c := cfg
 		c.Name, c.ID = name, "id-"+name
+		if each != nil {
+			each(name, &c)
+		}
 		e, err := leader.New(store, c)
 		if err != nil {
 			t.Fatal(err)
@@ -121,7 +124,7 @@ func TestRenewalRounds(t *testing.T) {
 		t.Parallel()
 		s := newBatchStore()
 		ns := names("round", 12)
-		es := leadAll(t, s, ns, testConfig("", ""))
+		es := leadAll(t, s, ns, testConfig("", ""), nil)
 		// Every leader has renewed once it has been a renew interval in
 		// the lead; from then on every round holds all of them.
 		time.Sleep(2 * es[ns[0]].Config().RenewInterval)
@@ -146,21 +149,10 @@ func TestRenewalRounds(t *testing.T) {
 		s := newBatchStore()
 		ns := names("lose", 3)
 		ms := map[string]*recordingMetrics{}
-		es := map[string]*leader.Elector{}
-		for _, name := range ns {
-			cfg := testConfig(name, "id-"+name)
+		es := leadAll(t, s, ns, testConfig("", ""), func(name string, c *leader.Config) {
 			ms[name] = &recordingMetrics{}
-			cfg.Metrics = ms[name]
-			e, err := leader.New(s, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			runElector(t, e)
-			es[name] = e
-		}
-		for name, e := range es {
-			eventually(t, 3*time.Second, name+" to lead", e.IsLeader)
-		}
+			c.Metrics = ms[name]
+		})
 		lost := ns[1]
 		s.mu.Lock()
 		s.lose[lost] = true
@@ -212,8 +204,8 @@ func TestRenewalRounds(t *testing.T) {
 		s := newBatchStore()
 		slow := testConfig("", "")
 		slow.TTL, slow.RenewInterval = 2*time.Second, 600*time.Millisecond
-		leadAll(t, s, names("slow", 2), slow)
-		leadAll(t, s, names("fast", 2), testConfig("", ""))
+		leadAll(t, s, names("slow", 2), slow, nil)
+		leadAll(t, s, names("fast", 2), testConfig("", ""), nil)
 		time.Sleep(2 * slow.RenewInterval)
 		from, _ := s.calls()
 		for i, batch := range waitBatches(t, s, from, 4) {

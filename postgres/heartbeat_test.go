@@ -77,6 +77,45 @@ func heartbeatOf(t *testing.T, pool *pgxpool.Pool, name string) string {
 	return *r.heartbeat
 }
 
+// heartbeatTTL is the TTL of the heartbeat tests: long, so that nothing
+// expires unless a test makes it.
+const heartbeatTTL = 30 * time.Second
+
+// underHeartbeat grants name to alice on a fresh store and renews it once
+// with RenewBatch, which puts it under the store's heartbeat; it returns
+// the store's bundle, the lease and the heartbeat.
+func underHeartbeat(t *testing.T, name string, alice leader.Candidate) (testBundle, leader.Lease, string) {
+	t.Helper()
+	b := setup(t)
+	l := mustGrant(t, b.store, name, alice, heartbeatTTL)
+	mustRenewBatch(t, b.store, renewals(alice, heartbeatTTL, l))
+	return b, l, heartbeatOf(t, b.pool, name)
+}
+
+// renewalUnderWay begins a transaction that renews heartbeat hb, as a round
+// does, and leaves it uncommitted, holding the heartbeat's row lock; it is
+// rolled back when the test ends unless committed.
+func renewalUnderWay(t *testing.T, pool *pgxpool.Pool, hb string) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(callCtx(t), `UPDATE leader_heartbeats SET expires_at = clock_timestamp() + interval '1 minute' WHERE id = $1`, hb); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// setHeartbeat changes heartbeat hb's row with set, an SQL SET list.
+func setHeartbeat(t *testing.T, pool *pgxpool.Pool, hb, set string) {
+	t.Helper()
+	if _, err := pool.Exec(callCtx(t), `UPDATE leader_heartbeats SET `+set+` WHERE id = $1`, hb); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestRenewBatchRenewsOneHeartbeatRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -152,9 +191,7 @@ func TestALeaseUnderAnExpiredHeartbeatCanBeTakenOver(t *testing.T) {
 	la, lb := mustGrant(t, s, "expired-a", alice, ttl), mustGrant(t, s, "expired-b", alice, ttl)
 	mustRenewBatch(t, s, renewals(alice, ttl, la, lb))
 	hb := heartbeatOf(t, pool, "expired-a")
-	if _, err := pool.Exec(callCtx(t), `UPDATE leader_heartbeats SET expires_at = clock_timestamp() WHERE id = $1`, hb); err != nil {
-		t.Fatal(err)
-	}
+	setHeartbeat(t, pool, hb, "expires_at = clock_timestamp()")
 	if l, err := s.Observe(callCtx(t), "expired-b"); err != nil || l.Held() {
 		t.Errorf("Observe of a lease under an expired heartbeat: %+v, %v; want free", l, err)
 	}
@@ -188,17 +225,11 @@ func TestALeaseUnderAnExpiredHeartbeatCanBeTakenOver(t *testing.T) {
 // clock stepped back so that it looks unexpired.
 func TestADeadHeartbeatIsNeverRenewed(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	s, pool := b.store, b.pool
 	alice := candidate("alice")
-	const ttl = 30 * time.Second
-	l := mustGrant(t, s, "dead", alice, ttl)
-	mustRenewBatch(t, s, renewals(alice, ttl, l))
-	hb := heartbeatOf(t, pool, "dead")
-	if _, err := pool.Exec(callCtx(t), `UPDATE leader_heartbeats SET dead = true WHERE id = $1`, hb); err != nil {
-		t.Fatal(err)
-	}
-	batch := renewals(alice, ttl, l)
+	b, l, hb := underHeartbeat(t, "dead", alice)
+	s := b.store
+	setHeartbeat(t, b.pool, hb, "dead = true")
+	batch := renewals(alice, heartbeatTTL, l)
 	s.RenewBatch(callCtx(t), batch)
 	wantErrorIs(t, batch[0].Err, leader.ErrLeaseLost, "RenewBatch under a dead heartbeat")
 	if o, err := s.Observe(callCtx(t), "dead"); err != nil || o.Held() {
@@ -212,27 +243,15 @@ func TestADeadHeartbeatIsNeverRenewed(t *testing.T) {
 // not taken.
 func TestATakeoverWaitsForAHeartbeatRenewalUnderWay(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	s, pool := b.store, b.pool
 	alice, bob := candidate("alice"), candidate("bob")
-	const ttl = 30 * time.Second
-	l := mustGrant(t, s, "race", alice, ttl)
-	mustRenewBatch(t, s, renewals(alice, ttl, l))
-	hb := heartbeatOf(t, pool, "race")
+	const ttl = heartbeatTTL
+	b, l, hb := underHeartbeat(t, "race", alice)
+	s, pool := b.store, b.pool
 
 	// As committed, the heartbeat has expired; a renewal of it, begun
 	// before it expired, has not committed yet.
-	if _, err := pool.Exec(callCtx(t), `UPDATE leader_heartbeats SET expires_at = clock_timestamp() WHERE id = $1`, hb); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := pool.Begin(callCtx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(callCtx(t), `UPDATE leader_heartbeats SET expires_at = clock_timestamp() + interval '1 minute' WHERE id = $1`, hb); err != nil {
-		t.Fatal(err)
-	}
+	setHeartbeat(t, pool, hb, "expires_at = clock_timestamp()")
+	tx := renewalUnderWay(t, pool, hb)
 	type result struct {
 		l       leader.Lease
 		granted bool
@@ -314,24 +333,14 @@ func TestRenewBatchReconcilesItsHeartbeat(t *testing.T) {
 // heartbeat that is about to move that lease, which would deadlock.
 func TestARefusedAcquireDoesNotWaitForTheHeartbeat(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	s, pool := b.store, b.pool
 	alice, bob := candidate("alice"), candidate("bob")
-	const ttl = 30 * time.Second
-	l := mustGrant(t, s, "order", alice, ttl)
-	mustRenewBatch(t, s, renewals(alice, ttl, l))
-	hb := heartbeatOf(t, pool, "order")
+	const ttl = heartbeatTTL
+	b, _, hb := underHeartbeat(t, "order", alice)
+	s, pool := b.store, b.pool
 
 	// A round under way: it has renewed the heartbeat and is about to
 	// write the lease row.
-	tx, err := pool.Begin(callCtx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(callCtx(t), `UPDATE leader_heartbeats SET expires_at = clock_timestamp() + interval '1 minute' WHERE id = $1`, hb); err != nil {
-		t.Fatal(err)
-	}
+	tx := renewalUnderWay(t, pool, hb)
 	done := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
