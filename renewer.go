@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"reflect"
+	"runtime"
 	"sync"
 	"time"
 
@@ -24,6 +25,8 @@ type renewer struct {
 	renew func(ctx context.Context, batch []Renewal)
 	base  context.Context // the calls' context: never cancelled
 	key   *renewerKey     // in the registry; nil for a tenure's own renewer
+
+	buf []Renewal // the batch, reused; only run's goroutine touches it
 
 	mu      sync.Mutex
 	members map[*tenure]struct{}
@@ -205,7 +208,14 @@ func (r *renewer) due() (due []*tenure, wait time.Duration, ok bool) {
 // send renews the leases of due with one call, bounded by the earliest of
 // their stop points, and applies each outcome to its tenure.
 func (r *renewer) send(due []*tenure) {
-	batch := make([]Renewal, len(due))
+	// The batch's memory is reused from round to round (RenewBatch keeps
+	// none of it): a process with many names would otherwise allocate
+	// megabytes a round, and the collections that follow slow rounds down.
+	if cap(r.buf) < len(due) {
+		r.buf = make([]Renewal, len(due))
+	}
+	batch := r.buf[:len(due)]
+	defer clear(batch)
 	var stopAt time.Time
 	for i, t := range due {
 		batch[i] = Renewal{Name: t.e.cfg.Name, Token: t.e.cand.Token, Term: t.term, TTL: t.e.cfg.TTL}
@@ -238,20 +248,45 @@ func (r *renewer) send(due []*tenure) {
 		}
 	}
 	r.mu.Unlock()
-	for i, t := range due {
-		if !waiting[i] {
-			continue
+	apply := func(from, to int) {
+		for i := from; i < to; i++ {
+			t := due[i]
+			if !waiting[i] {
+				continue
+			}
+			next, keep := t.renewed(sent, contact, batch[i], r.every)
+			r.mu.Lock()
+			if _, member := r.members[t]; member && keep {
+				t.next = next
+			} else {
+				delete(r.members, t)
+			}
+			r.mu.Unlock()
 		}
-		next, keep := t.renewed(sent, contact, batch[i], r.every)
-		r.mu.Lock()
-		if _, member := r.members[t]; member && keep {
-			t.next = next
-		} else {
-			delete(r.members, t)
-		}
-		r.mu.Unlock()
 	}
+	// Each outcome is applied on its own (its tenure's locks, and the
+	// renewer's for a moment), so a large round is shared among the
+	// machine's cores: the last deadline is extended sooner.
+	workers := min(runtime.GOMAXPROCS(0), len(due)/minApplyPerWorker, maxApplyWorkers)
+	if workers <= 1 {
+		apply(0, len(due))
+		return
+	}
+	var wg sync.WaitGroup
+	per := (len(due) + workers - 1) / workers
+	for from := per; from < len(due); from += per {
+		wg.Go(func() { apply(from, min(from+per, len(due))) })
+	}
+	apply(0, per)
+	wg.Wait()
 }
+
+// A round's outcomes are applied by up to maxApplyWorkers goroutines, each
+// with at least minApplyPerWorker of them.
+const (
+	minApplyPerWorker = 1000
+	maxApplyWorkers   = 4
+)
 
 // renewed applies the outcome of a renewal sent at sent and answered at
 // contact (on the wall clock, for Status.LastContact): on success it

@@ -170,6 +170,34 @@ func TestRenewalRounds(t *testing.T) {
 		}
 	})
 
+	t.Run("a round of thousands of leaders extends every deadline", func(t *testing.T) {
+		t.Parallel()
+		// Enough leaders that the round's outcomes are applied by several
+		// goroutines.
+		s := newBatchStore()
+		ns := names("many", 2500)
+		cfg := testConfig("", "")
+		cfg.TTL = 3 * time.Second
+		es := leadAll(t, s, ns, cfg, nil)
+		time.Sleep(2 * cfg.TTL / 3)
+		stops := map[string]time.Time{}
+		for name, e := range es {
+			stops[name] = e.Status().StopAt
+		}
+		from, _ := s.calls()
+		for _, batch := range waitBatches(t, s, from, 2) {
+			if len(batch) != len(ns) {
+				t.Errorf("a round renewed %d leases; want all %d", len(batch), len(ns))
+			}
+		}
+		for name, e := range es {
+			if st := e.Status(); !st.IsLeader || !st.StopAt.After(stops[name]) {
+				t.Fatalf("%s after two rounds: leading %v, stop point %v (was %v); want leading, the stop point later",
+					name, st.IsLeader, st.StopAt, stops[name])
+			}
+		}
+	})
+
 	t.Run("a leader that stops leaves the round", func(t *testing.T) {
 		t.Parallel()
 		s := newBatchStore()
