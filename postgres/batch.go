@@ -12,11 +12,11 @@ import (
 	"github.com/leaderelect/leader"
 )
 
-// Renewals are batched: the Renew calls that reach a LeaseStore together
-// are sent as one statement, which renews every lease in it on the
-// server's clock. The Electors of a process renew on one grid of times (see
-// leader.Config.RenewInterval), so a process holding many names sends one
-// statement per renew round, whatever the number of names.
+// Renew calls are batched: those that reach a LeaseStore together are sent
+// as one statement, which renews every lease in it on its own row, on the
+// server's clock. (Electors do not call Renew on a LeaseStore: they renew
+// with RenewBatch, one call per round, which renews the store's heartbeat;
+// see heartbeat.go. This path serves other callers of Renew.)
 //
 // A batch is sent as soon as every lease the store granted and has not
 // seen end has asked for its renewal, and otherwise once no call has come

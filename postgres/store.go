@@ -728,9 +728,10 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 
 // Renew implements leader.Store. It extends the lease by ttl from the
 // server's now, only if it is unexpired and held by token under term;
-// otherwise it returns an error wrapping leader.ErrLeaseLost. Renewals that
-// reach the store together are sent as one statement (see renewBatcher), so
-// a process holding many names sends one statement per renew round.
+// otherwise it returns an error wrapping leader.ErrLeaseLost. The lease is
+// renewed on its own row, and taken out from under a heartbeat if it was
+// under one. Renew calls that reach the store together are sent as one
+// statement (see renewBatcher). Electors renew with RenewBatch instead.
 func (s *LeaseStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
 	if err := checkRenew(name, term, ttl); err != nil {
 		return leader.Lease{}, err
