@@ -111,7 +111,13 @@ import (
 // grant's notification, or 20 ms later: a look reads the server's lock
 // view, which would slow the candidates' statements. A refused candidate
 // is told the holder from the row, checked by a try of the holder's mark
-// rather than read from the lock view, for the same reason. A
+// rather than read from the lock view, for the same reason. The new
+// holder sends the grant's notification in a statement of its own, once
+// it has the grant's reply: every listener's backend and process wakes at
+// a notification, and every lock waiter then looks, and on a busy server
+// that crowd would run while the winner waits for its reply. A candidate
+// refused while another's grant is still in flight waits for that
+// notification (or 10 ms) before it looks again, rather than polling. A
 // session that ends frees its locks one after another, so its lock may
 // outlast its mark by a moment: a candidate woken then that finds the lock
 // still held by the backend that went looks again, for up to 500 ms,
@@ -157,6 +163,8 @@ type AdvisoryStore struct {
 	// sessionIdle is how long an unused session that holds nothing is kept;
 	// tests shorten it.
 	sessionIdle time.Duration
+	// settleWait is the const settleWait; tests lengthen it.
+	settleWait time.Duration
 }
 
 var (
@@ -242,6 +250,7 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		freed:       make(map[string]freeing),
 		flights:     make(map[string]*flight),
 		sessionIdle: sessionIdle,
+		settleWait:  settleWait,
 	}
 	if err := s.check(ctx); err != nil {
 		return nil, err
@@ -361,11 +370,11 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 			}
 		}
 		var (
-			l       leader.Lease
-			granted bool
+			l                 leader.Lease
+			granted, announce bool
 		)
 		err = ss.do(ctx, s, true, func(conn *pgx.Conn) error {
-			l, granted, err = s.acquireOn(ctx, ss, conn, name, c, ttl)
+			l, granted, announce, err = s.acquireOn(ctx, ss, conn, name, c, ttl)
 			return err
 		})
 		s.land(f, l, err)
@@ -374,6 +383,9 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 			continue // reaped while we waited for it: a new one
 		case err != nil:
 			return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
+		}
+		if announce {
+			s.announce(ss, l.Term)
 		}
 		return l, granted, nil
 	}
@@ -419,6 +431,42 @@ func (s *AdvisoryStore) land(f *flight, l leader.Lease, err error) {
 	close(f.done)
 }
 
+// announce sends, in the background, the wake-up of the grant under term
+// to the session ss, on the session, after Acquire has the grant's reply
+// (see advisoryStatements.announce). It sends nothing if the session no
+// longer holds the lease under term by then. A failure of the statement
+// is the session's: the session is closed, and the lease lost with it, as
+// it would be at the next heartbeat.
+func (s *AdvisoryStore) announce(ss *session, term uint64) {
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	if s.closing {
+		return
+	}
+	s.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(s.bgCtx, listenCallTimeout)
+		defer cancel()
+		err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {
+			if !ss.heldUnder(term) {
+				return nil
+			}
+			_, err := conn.Exec(ctx, s.sql.announce, ss.name, ss.token, int64(term), s.opts.Channel)
+			return err
+		})
+		switch {
+		case err == nil, errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
+		case errors.Is(err, errSessionDropped):
+			// Told to the Elector (leader.LossNotifier), as the session's
+			// reader does when the session ends while idle.
+			s.log.Debug("advisory session ended while announcing a grant; lease marked lost",
+				slog.String("election", ss.name), slog.Uint64("term", term), slog.Any("error", err))
+		default:
+			s.log.Warn("could not announce a grant; followers that watch for grants learn of it later",
+				slog.String("election", ss.name), slog.Uint64("term", term), slog.Any("error", err))
+		}
+	})
+}
+
 // refusal returns, for a candidate that called Acquire at called, the
 // refusal that f's outcome means for it, if it means one: f began after
 // the call, so what f saw is an answer to the call too, and f ended with
@@ -437,8 +485,10 @@ func (f *flight) refusal(called time.Time) (leader.Lease, bool) {
 }
 
 // acquireOn runs the grant (or re-grant) on the session's connection; the
-// caller holds the session's turn.
-func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Conn, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+// caller holds the session's turn. It reports whether the lease was
+// granted, and whether the grant is still to be announced (see announce):
+// a re-grant announces itself.
+func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Conn, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, bool, error) {
 	iv, ms, idle, every := ttlSettings(ttl)
 	hi, lo := keyHalves(ss.key)
 	if ss.isHeld() {
@@ -453,14 +503,14 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 		case err == nil:
 			ss.grant(uint64(term), c.ID)
 			return leader.Lease{Name: name, HolderID: c.ID, Term: uint64(term), AcquiredAt: acquiredAt,
-				ExpiresAt: acquiredAt.Add(ttl), Remaining: ttl}, true, nil
+				ExpiresAt: acquiredAt.Add(ttl), Remaining: ttl}, true, false, nil
 		case errors.Is(err, pgx.ErrNoRows):
 			// The session no longer holds the row or the lock (someone
 			// changed the row by hand?): close it, freeing whatever it
 			// holds; the next attempt starts afresh.
-			return leader.Lease{}, false, errors.Join(errSessionReset, errNotHeld)
+			return leader.Lease{}, false, false, errors.Join(errSessionReset, errNotHeld)
 		default:
-			return leader.Lease{}, false, err
+			return leader.Lease{}, false, false, err
 		}
 	}
 	// A refusal is reported as the lease stood when the statement began. If
@@ -481,7 +531,16 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 	// the winner's statement beside it. The later attempts read the lease
 	// as Observe does, and tell a lock held by lock waiters alone (see
 	// queue) from one held by a candidate.
+	//
+	// Between attempts, a candidate waits for the next event of the name
+	// that this store hears of, or for settleWait. Each unsettled state
+	// ends with one: a grant with its notification (see announce); a
+	// release, and a holder's lock that outlasts its mark, with the lock
+	// waiter's wake-up once the lock is free. Candidates that looked again
+	// every millisecond instead were, on a busy server, what slowed the
+	// grant they were waiting for.
 	queued := false
+	var events <-chan struct{} // the name's events, from the first wait on
 	for attempt := 0; ; attempt++ {
 		stmt := s.sql.grant
 		if attempt < quickAttempts {
@@ -492,22 +551,22 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 			// The statement may have taken the lock before it failed, and
 			// a session lock outlives the failed transaction: close the
 			// session, which frees it.
-			return leader.Lease{}, false, errors.Join(errSessionReset, err)
+			return leader.Lease{}, false, false, errors.Join(errSessionReset, err)
 		}
 		if !r.got && !r.locked && !queued {
 			queued = true
 			took, err := s.queue(ctx, conn, ss.key)
 			if err != nil {
-				return leader.Lease{}, false, err
+				return leader.Lease{}, false, false, err
 			}
 			if took {
 				// Holding the lock, in a statement of its own: its snapshot
 				// shows the row as the last holder left it.
 				if r, err = s.grantOn(ctx, conn, ss, name, c, s.sql.grantLocked, iv, ms, idle, every, hi, lo); err != nil {
-					return leader.Lease{}, false, errors.Join(errSessionReset, err)
+					return leader.Lease{}, false, false, errors.Join(errSessionReset, err)
 				}
 				if !r.got {
-					return leader.Lease{}, false, errors.Join(errSessionReset, errors.New("the lock, taken, is not held"))
+					return leader.Lease{}, false, false, errors.Join(errSessionReset, errors.New("the lock, taken, is not held"))
 				}
 			}
 		}
@@ -519,18 +578,19 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 			// Taken from a holder whose session ended without a release:
 			// give it TakeoverGrace to see that too and step down.
 			if err := sleepCtx(ctx, s.graceLeft(name, r.previousPID)); err != nil {
-				return leader.Lease{}, false, errors.Join(errSessionReset, err)
+				return leader.Lease{}, false, false, errors.Join(errSessionReset, err)
 			}
 		}
 		if r.granted() || (r.held && !s.lingering(name, r.previousPID)) || attempt == settleAttempts {
-			return r.lease(name, c.ID, ttl), r.granted(), nil
+			return r.lease(name, c.ID, ttl), r.granted(), r.granted(), nil
 		}
-		timer := time.NewTimer(time.Duration(max(attempt, 1)) * time.Millisecond)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return leader.Lease{}, false, ctx.Err()
-		case <-timer.C:
+		if events == nil {
+			var unsubscribe func()
+			events, unsubscribe = s.wakeups.subscribe(name, watchAll)
+			defer unsubscribe()
+		}
+		if err := awaitEvent(ctx, events, s.settleWait); err != nil {
+			return leader.Lease{}, false, false, err
 		}
 	}
 }
@@ -596,10 +656,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // settleAttempts bounds how often acquireOn tries when the lease's state is
-// not settled; the waits between add up to about 50 ms. The first
-// quickAttempts of them read the row alone.
+// not settled; it waits for at most settleWait between two attempts (see
+// acquireOn), so for at most about 100 ms in all. The first quickAttempts
+// of them read the row alone.
 const (
 	settleAttempts = 10
+	settleWait     = 10 * time.Millisecond
 	quickAttempts  = 3
 )
 
@@ -679,7 +741,7 @@ func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session
 		r grantResult
 		n int64
 	)
-	err := conn.QueryRow(ctx, stmt, name, ss.key, c.Token, c.ID, iv, ms, idle, every, s.opts.Channel, hi, lo).
+	err := conn.QueryRow(ctx, stmt, name, ss.key, c.Token, c.ID, iv, ms, idle, every, hi, lo).
 		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased, &r.previousPID, &r.marked)
 	if err != nil {
 		if sqlState(err) == "23505" { // unique_violation: the key, taken by another name at the same moment

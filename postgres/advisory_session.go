@@ -345,14 +345,9 @@ func (s *AdvisoryStore) watch(ctx context.Context, name string, freeOnly bool) (
 // waitLoop runs name's lock waiter until ctx ends, connecting again with
 // backoff when its connection fails.
 func (s *AdvisoryStore) waitLoop(ctx context.Context, name string, w *lockWaiter) {
-	sub := make(chan struct{}, 1) // grants of name
-	s.wakeups.mu.Lock()
-	s.wakeups.addLocked(name, sub, watchGrants)
-	s.wakeups.mu.Unlock()
+	sub, unsubscribe := s.wakeups.subscribe(name, watchGrants)
 	defer func() {
-		s.wakeups.mu.Lock()
-		s.wakeups.removeLocked(name, sub)
-		s.wakeups.mu.Unlock()
+		unsubscribe()
 		s.wakeups.uncover(name)
 	}()
 	log := s.wakeups.log.With(slog.String("election", name))

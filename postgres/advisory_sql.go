@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantQuick, grantLocked, queue, regrant, renew, release, unlock, observe, waiter, heldHere string
+	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, unlock, observe, waiter, heldHere string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -141,15 +141,13 @@ WITH {lock}, marked AS MATERIALIZED (
 	RETURNING a.term, a.acquired_at, a.name
 ), armed AS (
 	SELECT ` + holderSettings("$6", "$7", "$8") + ` FROM granted
-), notified AS (
-	SELECT pg_notify($9, {grant}) FROM granted
 ), durable AS (
 	SELECT ` + durableCommit + ` FROM granted
 ), cur AS (
 	{cur}
 )
 SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
-	(SELECT count(*) FROM armed) + (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable),
+	(SELECT count(*) FROM armed) + (SELECT count(*) FROM durable),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
 	{locked},
 	coalesce((SELECT unreleased FROM previous), false), (SELECT holder_pid FROM previous),
@@ -170,8 +168,8 @@ LEFT JOIN cur AS c ON true`
 // winner of a handover, whose statement runs beside the losers', would
 // otherwise wait for.
 var (
-	observedCur    = `SELECT o.* FROM (` + observeRow("{t}", "$1", "$10", "$11") + `) AS o WHERE NOT (SELECT lk.got FROM lk)`
-	observedLocked = `coalesce(c.locked, lk.got OR EXISTS (` + heldBy("$10", "$11") + `))`
+	observedCur    = `SELECT o.* FROM (` + observeRow("{t}", "$1", "$9", "$10") + `) AS o WHERE NOT (SELECT lk.got FROM lk)`
+	observedLocked = `coalesce(c.locked, lk.got OR EXISTS (` + heldBy("$9", "$10") + `))`
 	claimedCur     = `SELECT r.term, r.holder_id, r.acquired_at, r.ttl, r.held, true AS locked,
 		` + remainingSQL("r.held", "r.ttl") + ` AS remaining
 	FROM (
@@ -182,7 +180,7 @@ var (
 		FROM {t} AS a WHERE a.name = $1 AND NOT (SELECT lk.got FROM lk)
 	) AS r
 	LEFT JOIN LATERAL pg_stat_get_activity(r.holder_pid) AS act ON r.held`
-	claimedLocked = `($10::bigint, $11::bigint) IS NOT NULL` // true; it names $10 and $11, which a statement must use
+	claimedLocked = `($9::bigint, $10::bigint) IS NOT NULL` // true; it names $9 and $10, which a statement must use
 )
 
 func newAdvisoryStatements(table string) advisoryStatements {
@@ -198,8 +196,7 @@ func newAdvisoryStatements(table string) advisoryStatements {
 	return advisoryStatements{
 		// Grant, on a session that does not hold the lock: $1 name, $2 key,
 		// $3 token, $4 candidate ID, $5 ttl, $6 ttl in ms, $7 keepalive
-		// idle, $8 keepalive interval, $9 channel, $10 and $11 the key's
-		// halves.
+		// idle, $8 keepalive interval, $9 and $10 the key's halves.
 		//
 		// "lk" tries the lock (materialized, so it runs exactly once).
 		// "marked" then takes the holder's mark (see markClass), for lock
@@ -211,8 +208,8 @@ func newAdvisoryStatements(table string) advisoryStatements {
 		// same statement, so the term grows at every grant and a grant
 		// without a term cannot happen; it takes the row over whatever it
 		// says, since holding the lock proves its holder is gone. The
-		// holder's settings, the wake-up and a durable commit
-		// (durableCommit) follow a grant. "cur" is the lease as it stood
+		// holder's settings and a durable commit (durableCommit) follow a
+		// grant; its wake-up does not (see announce). "cur" is the lease as it stood
 		// when the statement began, for a refused candidate only (the
 		// server's lock and activity views cost a busy server time);
 		// "previous", with the backend PID of the last holder, says
@@ -231,8 +228,20 @@ func newAdvisoryStatements(table string) advisoryStatements {
 		// own, so that its snapshot, taken after the lock, shows the row
 		// as the last holder left it.
 		grantLocked: grant(`lk AS MATERIALIZED (
-	SELECT EXISTS (`+heldBy("$10", "$11")+` AND l.pid = pg_backend_pid()) AS got
+	SELECT EXISTS (`+heldBy("$9", "$10")+` AND l.pid = pg_backend_pid()) AS got
 )`, observedCur, observedLocked),
+
+		// Announce, the wake-up of a grant, on the holder's session once
+		// the grant has committed and its reply is in: $1 name, $2 token,
+		// $3 term, $4 channel. Only while this backend holds the row
+		// under the term. A transaction of its own, after the grant's: a
+		// notification wakes every listener's backend and process, and
+		// every lock waiter then looks at the lock; sent in the grant's
+		// transaction, that crowd would run while the server sends the
+		// grant's reply and the winner reads it, on a busy server adding
+		// ten milliseconds and more to a handover.
+		announce: fill(`SELECT pg_notify($4, {grant}) FROM {t} AS a
+	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()`),
 
 		// Queue for the lock: $1 key, $2 the longest wait, as a
 		// lock_timeout in ms (text). "lt" sets it for this statement's

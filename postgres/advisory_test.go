@@ -500,6 +500,7 @@ func TestAdvisoryLossWhileIdleIsLogged(t *testing.T) {
 	alice := candidate("alice")
 	held := mustGrant(t, s, "idle-loss", alice, 10*time.Second)
 	lost := s.Lost("idle-loss", alice.Token, held.Term)
+	waitAnnounced(t, pool, "idle-loss")
 	var terminated bool
 	err := pool.QueryRow(callCtx(t),
 		`SELECT pg_terminate_backend(holder_pid) FROM leader_advisory WHERE name = 'idle-loss'`).Scan(&terminated)
@@ -522,6 +523,23 @@ func TestAdvisoryLossWhileIdleIsLogged(t *testing.T) {
 			strings.Contains(out, `msg="advisory session ended while idle; lease marked lost"`) &&
 			strings.Contains(out, "election=idle-loss") &&
 			strings.Contains(out, "terminating connection due to administrator command")
+	})
+}
+
+// waitAnnounced waits until the holder of name's session has sent its
+// grant's notification (see AdvisoryStore.announce) and is idle, so that
+// what happens to the session next finds it idle.
+func waitAnnounced(t *testing.T, pool *pgxpool.Pool, name string) {
+	t.Helper()
+	electortest.Eventually(t, 10*time.Second, "the grant of "+name+" to be announced", func() bool {
+		var idle bool
+		err := pool.QueryRow(callCtx(t), `SELECT coalesce(bool_or(act.state = 'idle' AND act.query LIKE 'SELECT pg_notify(%'), false)
+			FROM leader_advisory AS a JOIN pg_stat_activity AS act ON act.pid = a.holder_pid
+			WHERE a.name = $1`, name).Scan(&idle)
+		if err != nil {
+			t.Fatalf("reading the holder's activity: %v", err)
+		}
+		return idle
 	})
 }
 

@@ -150,6 +150,21 @@ func (w *wakeups) addLocked(name string, ch chan struct{}, kind watchKind) {
 	set[ch] = kind
 }
 
+// subscribe registers a channel of the store's own as a watcher of name,
+// of the kind given, until the returned function is called. Unlike Watch,
+// it does not start the listener.
+func (w *wakeups) subscribe(name string, kind watchKind) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	w.addLocked(name, ch, kind)
+	w.mu.Unlock()
+	return ch, func() {
+		w.mu.Lock()
+		w.removeLocked(name, ch)
+		w.mu.Unlock()
+	}
+}
+
 func (w *wakeups) removeLocked(name string, ch chan struct{}) {
 	if set := w.watchers[name]; set != nil {
 		delete(set, ch)
