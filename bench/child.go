@@ -175,7 +175,7 @@ func runCandidate(spec childSpec, em *emitter, logger *slog.Logger) int {
 		var once sync.Once
 		return be.newCandidate(spec.ID, hooks{
 			ready:   func() { once.Do(func() { em.emit(event{Ev: "ready"}) }) },
-			elected: func(term uint64) { em.emit(event{Ev: "elected", Term: term}) },
+			elected: func(term uint64) { tracef("elected %s", spec.ID); em.emit(event{Ev: "elected", Term: term}) },
 			demoted: func() { em.emit(event{Ev: "demoted"}) },
 		})
 	}
@@ -190,11 +190,13 @@ func runCandidate(spec childSpec, em *emitter, logger *slog.Logger) int {
 	for in.Scan() {
 		switch in.Text() {
 		case cmdStop:
+			tracef("stopping %s", spec.ID)
 			em.emit(event{Ev: "stopping"})
 			if running {
 				c.stop()
 				running = false
 			}
+			tracef("stopped %s", spec.ID)
 			em.emit(event{Ev: "stopped"})
 		case cmdResume:
 			if !running {
