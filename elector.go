@@ -230,14 +230,21 @@ func (e *Elector) Run(ctx context.Context) error {
 	if e.cfg.OnNewLeader != nil {
 		wg.Go(func() { e.publishLoop(bgCtx) })
 	}
+	// The watch ends when Run returns, after the release, not when ctx
+	// does: a store may cut a watch's blocking statement short as it ends
+	// (an advisory store's lock waiter, waiting on this leader's own mark,
+	// at the cost of a cancel request and a new server process), and that
+	// would run beside the release, on the server the successor waits for.
+	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWatch()
 	var (
 		wake <-chan struct{}
 		err  error
 	)
 	if fw, ok := e.store.(FreeWatcher); ok {
-		wake, err = fw.WatchFree(bgCtx, e.cfg.Name)
+		wake, err = fw.WatchFree(watchCtx, e.cfg.Name)
 	} else {
-		wake, err = e.store.Watch(bgCtx, e.cfg.Name)
+		wake, err = e.store.Watch(watchCtx, e.cfg.Name)
 	}
 	if err != nil {
 		e.log.Warn("store wake-ups unavailable; followers will wait for lease expiry", slog.Any("error", err))

@@ -761,3 +761,57 @@ func testStopLetsARenewalInFlightFinish(t *testing.T, wrap func(*faultStore) lea
 		}
 	})
 }
+
+// watchSpan is a store whose Release reports whether every watch made on
+// it was still open when the release began.
+type watchSpan struct {
+	leader.Store
+	mu      sync.Mutex
+	watches []context.Context
+	open    []bool // at each Release: were all watches open?
+}
+
+func (w *watchSpan) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
+	w.mu.Lock()
+	w.watches = append(w.watches, ctx)
+	w.mu.Unlock()
+	return w.Store.Watch(ctx, name)
+}
+
+func (w *watchSpan) Release(ctx context.Context, name, token string, term uint64) error {
+	w.mu.Lock()
+	open := len(w.watches) > 0
+	for _, c := range w.watches {
+		open = open && c.Err() == nil
+	}
+	w.open = append(w.open, open)
+	w.mu.Unlock()
+	return w.Store.Release(ctx, name, token, term)
+}
+
+// TestRunWatchesUntilItHasReleased checks that the watch a leader's Run
+// keeps open ends only after its release, not when Run's context does: a
+// store may cut a watch's blocking statement short as it ends, and that
+// work would run beside the release the successor waits for. The watch
+// still ends when Run returns.
+func TestRunWatchesUntilItHasReleased(t *testing.T) {
+	t.Parallel()
+	store := &watchSpan{Store: leadertest.NewMemStore()}
+	e, err := leader.New(store, testConfig("watch-span", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runElector(t, e)
+	eventually(t, 3*time.Second, "a to lead", e.IsLeader)
+	stop()
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	if len(store.open) != 1 || !store.open[0] {
+		t.Errorf("watches open at each release: %v; want [true] (one release, with the watch still open)", store.open)
+	}
+	for i, c := range store.watches {
+		if c.Err() == nil {
+			t.Errorf("watch %d is still open after Run returned", i)
+		}
+	}
+}
