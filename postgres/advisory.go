@@ -102,20 +102,23 @@ import (
 // watchers. Lock waiters never touch the lock itself, so the first
 // candidate to come takes it in one round trip; and as the mark belongs
 // to the holder's backend, the next holder takes its own at once, without
-// waiting for the lock waiters to let go of the last one. A release sends
-// its notification before it unlocks, and a process whose lock waiter is
-// waiting on that holder's mark, or has just seen it go, keeps the
-// notification from waking its followers of free leases
-// (leader.FreeWatcher) a second time: each is woken once per handover.
+// waiting for the lock waiters to let go of the last one. A process whose
+// lock waiter is waiting on a holder's mark, or has seen it go, keeps
+// that holder's release notification from waking its followers of free
+// leases (leader.FreeWatcher) a second time: each is woken once per
+// handover.
 // Having woken them, a lock waiter looks at the lock again only at the next
 // grant's notification, or 20 ms later: a look reads the server's lock
 // view, which would slow the candidates' statements. A refused candidate
 // is told the holder from the row, checked by a try of the holder's mark
-// rather than read from the lock view, for the same reason. The new
-// holder sends the grant's notification in a statement of its own, once
-// it has the grant's reply: every listener's backend and process wakes at
-// a notification, and every lock waiter then looks, and on a busy server
-// that crowd would run while the winner waits for its reply. A candidate
+// rather than read from the lock view, for the same reason. Notifications
+// keep out of the way too: every listener's backend and process wakes at
+// one, so the holder sends the notification of its release once the
+// release and unlock have their replies, and the new holder that of its
+// grant once it has the grant's reply, each in a statement of its own.
+// Sent with the release, it would wake that crowd beside the followers
+// the unlock wakes; sent with the grant, it would wake it, and every lock
+// waiter's look, while the winner waits for its reply. A candidate
 // refused while another's grant is still in flight waits for that
 // notification (or 10 ms) before it looks again, rather than polling. A
 // session that ends frees its locks one after another, so its lock may
@@ -385,7 +388,7 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 			return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
 		}
 		if announce {
-			s.announce(ss, l.Term)
+			s.notifyLater(ss, l.Term, false)
 		}
 		return l, granted, nil
 	}
@@ -431,13 +434,21 @@ func (s *AdvisoryStore) land(f *flight, l leader.Lease, err error) {
 	close(f.done)
 }
 
-// announce sends, in the background, the wake-up of the grant under term
-// to the session ss, on the session, after Acquire has the grant's reply
-// (see advisoryStatements.announce). It sends nothing if the session no
-// longer holds the lease under term by then. A failure of the statement
-// is the session's: the session is closed, and the lease lost with it, as
-// it would be at the next heartbeat.
-func (s *AdvisoryStore) announce(ss *session, term uint64) {
+// notifyLater sends, in the background, the wake-up of a grant under term
+// to the session ss (or, if released, of its release of the lease under
+// term), on the session, once the call that made it due has its reply:
+// see advisoryStatements.announce and releaseNotice. A grant's is sent
+// only while the session still holds the lease under term, and the
+// statements check the row themselves. A failure of the statement is the
+// session's: the session is closed, and a lease it holds is lost with it,
+// as it would be at the next heartbeat.
+func (s *AdvisoryStore) notifyLater(ss *session, term uint64, released bool) {
+	what, stmt := "grant", s.sql.announce
+	args := []any{ss.name, ss.token, int64(term), s.opts.Channel}
+	if released {
+		what, stmt = "release", s.sql.releaseNotice
+		args = []any{ss.name, int64(term), s.opts.Channel}
+	}
 	s.smu.Lock()
 	defer s.smu.Unlock()
 	if s.closing {
@@ -447,22 +458,22 @@ func (s *AdvisoryStore) announce(ss *session, term uint64) {
 		ctx, cancel := context.WithTimeout(s.bgCtx, listenCallTimeout)
 		defer cancel()
 		err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {
-			if !ss.heldUnder(term) {
+			if !released && !ss.heldUnder(term) {
 				return nil
 			}
-			_, err := conn.Exec(ctx, s.sql.announce, ss.name, ss.token, int64(term), s.opts.Channel)
+			_, err := conn.Exec(ctx, stmt, args...)
 			return err
 		})
+		log := s.log.With(slog.String("election", ss.name), slog.Uint64("term", term), slog.Any("error", err))
 		switch {
 		case err == nil, errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
 		case errors.Is(err, errSessionDropped):
-			// Told to the Elector (leader.LossNotifier), as the session's
-			// reader does when the session ends while idle.
-			s.log.Debug("advisory session ended while announcing a grant; lease marked lost",
-				slog.String("election", ss.name), slog.Uint64("term", term), slog.Any("error", err))
+			// A lease held is told lost to the Elector
+			// (leader.LossNotifier), as by the session's reader when the
+			// session ends while idle.
+			log.Debug("advisory session ended while notifying of a " + what)
 		default:
-			s.log.Warn("could not announce a grant; followers that watch for grants learn of it later",
-				slog.String("election", ss.name), slog.Uint64("term", term), slog.Any("error", err))
+			log.Warn("could not notify of a " + what + "; followers without a lock waiter learn of it later")
 		}
 	})
 }
@@ -486,8 +497,8 @@ func (f *flight) refusal(called time.Time) (leader.Lease, bool) {
 
 // acquireOn runs the grant (or re-grant) on the session's connection; the
 // caller holds the session's turn. It reports whether the lease was
-// granted, and whether the grant is still to be announced (see announce):
-// a re-grant announces itself.
+// granted, and whether the grant is still to be announced (see
+// notifyLater): a re-grant announces itself.
 func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Conn, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, bool, error) {
 	iv, ms, idle, every := ttlSettings(ttl)
 	hi, lo := keyHalves(ss.key)
@@ -534,7 +545,7 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 	//
 	// Between attempts, a candidate waits for the next event of the name
 	// that this store hears of, or for settleWait. Each unsettled state
-	// ends with one: a grant with its notification (see announce); a
+	// ends with one: a grant with its notification (see notifyLater); a
 	// release, and a holder's lock that outlasts its mark, with the lock
 	// waiter's wake-up once the lock is free. Candidates that looked again
 	// every millisecond instead were, on a busy server, what slowed the
@@ -831,8 +842,10 @@ func (s *AdvisoryStore) Renew(ctx context.Context, name, token string, term uint
 }
 
 // Release implements leader.Store. On the holder's session it clears the
-// row (keeping the term) and sends the wake-up in one statement, then
-// unlocks in a second. The session stays open for the next campaign.
+// row (keeping the term) in one statement and unlocks in a second, in one
+// round trip; the wake-up follows, once Release has their replies (see
+// advisoryStatements.releaseNotice). The session stays open for the next
+// campaign.
 func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term uint64) error {
 	const op = "release"
 	if err := ctx.Err(); err != nil {
@@ -867,6 +880,7 @@ func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term ui
 	})
 	switch {
 	case err == nil:
+		s.notifyLater(ss, term, true)
 		return nil
 	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
 		return fmt.Errorf("%w: %w", lost, err)
@@ -889,13 +903,13 @@ func endedByServer(err error) bool {
 
 // releaseOn runs the release's two statements on the holder's
 // connection, in one round trip: each is a transaction of its own, so the
-// first one's notification goes out before the second unlocks (see
-// advisoryStatements.release). The unlock runs even if the first
+// row is free before the lock is (see advisoryStatements.release). The
+// unlock runs even if the first
 // statement failed or released nothing; the caller then closes the
 // session anyway.
 func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, token string, term uint64, key int64) (released, unlocked bool, err error) {
 	p := conn.PgConn().StartPipeline(ctx)
-	p.SendQueryParams(s.sql.release, [][]byte{[]byte(name), []byte(token), strconv.AppendUint(nil, term, 10), []byte(s.opts.Channel)}, nil, nil, nil)
+	p.SendQueryParams(s.sql.release, [][]byte{[]byte(name), []byte(token), strconv.AppendUint(nil, term, 10)}, nil, nil, nil)
 	p.SendPipelineSync()
 	p.SendQueryParams(s.sql.unlock, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil, nil)
 	p.SendPipelineSync()

@@ -129,7 +129,7 @@ func TestAdvisoryAnnounceNeedsTheLease(t *testing.T) {
 	if n := nextNotification(t, listener, 10*time.Second); n == nil || n.Payload != name {
 		t.Fatalf("want the release's notification, got %+v", n)
 	}
-	s.announce(ss, l.Term) // as if it ran only after the release
+	s.notifyLater(ss, l.Term, false) // as if it ran only after the release
 	if n := nextNotification(t, listener, 300*time.Millisecond); n != nil {
 		t.Errorf("a released lease was announced: %q", n.Payload)
 	}
@@ -242,5 +242,54 @@ func TestAdvisoryCandidateWaitsForAGrantInFlight(t *testing.T) {
 	times.mu.Unlock()
 	if attempts > 3 {
 		t.Errorf("bob sent %d grant statements; want 2 (the refusal, and one after alice's grant), 3 at most", attempts)
+	}
+}
+
+// TestAdvisoryReleaseIsNotifiedAfterItsUnlock checks that a release's
+// notification is sent once, by the released backend, in a statement of
+// its own after the release and the unlock (which are not traced: they
+// go in one pipeline), and only while the row is still free under the
+// released term.
+func TestAdvisoryReleaseIsNotifiedAfterItsUnlock(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	times := &statementTimes{}
+	s := advisoryOn(t, pool, func(c *pgx.ConnConfig) { c.Tracer = times })
+	times.mu.Lock()
+	times.match = map[string]string{s.sql.releaseNotice: "notice"}
+	times.mu.Unlock()
+	listener := listenTo(t, pool, s)
+	const name = "release-notified"
+	alice, bob := candidate("alice"), candidate("bob")
+	l := mustGrant(t, s, name, alice, time.Minute)
+	if n := nextNotification(t, listener, 10*time.Second); n == nil || n.Payload != payloadGrant+name {
+		t.Fatalf("want the grant's notification, got %+v", n)
+	}
+	ss := s.holderSession(t, name)
+	pid := s.holderPID(t, name)
+	released := time.Now()
+	if err := s.Release(callCtx(t), name, alice.Token, l.Term); err != nil {
+		t.Fatal(err)
+	}
+	n := nextNotification(t, listener, 10*time.Second)
+	if n == nil || n.Payload != name || n.PID != uint32(pid) {
+		t.Fatalf("notification %+v; want the release of %q from the released backend %d", n, name, pid)
+	}
+	if _, ok := times.after(released, "notice", false); !ok {
+		t.Error("the release was not notified by a statement of its own")
+	}
+	if n := nextNotification(t, listener, 300*time.Millisecond); n != nil {
+		t.Errorf("a second notification %q from backend %d: the release was notified twice", n.Payload, n.PID)
+	}
+
+	// Once bob holds the lease, a late notice of alice's release says
+	// nothing.
+	mustGrant(t, s, name, bob, time.Minute)
+	if n := nextNotification(t, listener, 10*time.Second); n == nil || n.Payload != payloadGrant+name {
+		t.Fatalf("want bob's grant's notification, got %+v", n)
+	}
+	s.notifyLater(ss, l.Term, true)
+	if n := nextNotification(t, listener, 300*time.Millisecond); n != nil {
+		t.Errorf("a release notified after the lease was granted again: %q", n.Payload)
 	}
 }

@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, unlock, observe, waiter, heldHere string
+	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, unlock, observe, waiter, heldHere string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -297,24 +297,31 @@ SELECT c.acquired_at, (SELECT count(*) FROM changed) + (SELECT count(*) FROM arm
 FROM cur AS c`),
 
 		// Release, on the holder's session, the first of two statements:
-		// $1 name, $2 token, $3 term, $4 channel. Clears the row (keeping
-		// the term) and sends the wake-up, only if this backend holds the
-		// row under the term, and commits; unlock follows, in the same
-		// round trip (see releaseOn). So the notification goes out while
-		// the lock is still held, and a lock waiter that will see the
-		// unlock keeps it from waking the followers a second time (see
-		// coverage). A follower that comes between the two sees the lock
-		// taken and the row free, and looks again (see acquireOn).
+		// $1 name, $2 token, $3 term. Clears the row (keeping the term),
+		// only if this backend holds the row under the term, and commits;
+		// unlock follows, in the same round trip (see releaseOn). A
+		// follower that comes between the two sees the lock taken and the
+		// row free, and looks again (see acquireOn).
 		release: fill(`
 WITH released AS (
 	UPDATE {t} AS a
 	SET (holder_token, holder_id, holder_pid, ttl, acquired_at) = (NULL, '', NULL, NULL, NULL)
 	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
 	RETURNING a.name
-), notified AS (
-	SELECT pg_notify($4, {release}) FROM released
 )
-SELECT count(*), (SELECT count(*) FROM notified) FROM released`),
+SELECT count(*) FROM released`),
+
+		// Release notice, the wake-up of a release, on the released
+		// session once the release's two statements have their replies:
+		// $1 name, $2 term, $3 channel. Only while the row is still free
+		// under the term. A transaction of its own, after the unlock, for
+		// the reason given at announce: the followers' lock waiters wake
+		// them as the unlock frees the holder's mark, and a notification
+		// that went out with the release would wake every listener beside
+		// them. Lock waiters cover it (see coverage), so it wakes only the
+		// followers of a process without one.
+		releaseNotice: fill(`SELECT pg_notify($3, {release}) FROM {t} AS a
+	WHERE a.name = $1 AND a.term = $2 AND a.holder_token IS NULL`),
 
 		// Unlock, the second statement of a release: $1 key. Unlocks, then
 		// lets go of every other advisory lock the session holds (the
