@@ -167,6 +167,14 @@ func (s *acquireHook) Acquire(ctx context.Context, name string, c leader.Candida
 	return l, ok, err
 }
 
+// Release traces the call (see envTrace).
+func (s *acquireHook) Release(ctx context.Context, name, token string, term uint64) error {
+	tracef("release start")
+	err := s.Store.Release(ctx, name, token, term)
+	tracef("release end err=%v", err)
+	return err
+}
+
 // WatchFree passes on the store's leader.FreeWatcher, so that the Elector
 // watches as it would on the store itself.
 func (s *acquireHook) WatchFree(ctx context.Context, name string) (<-chan struct{}, error) {
