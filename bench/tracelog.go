@@ -14,8 +14,8 @@ import (
 // envTrace, when set in the bench's environment (the children inherit
 // it), has each candidate child write a line to its standard error (the
 // -child-log file) for every statement it starts and ends through pgx, and
-// when it stops, calls Release and is elected, each stamped with CLOCK_MONOTONIC and the
-// process ID:
+// when it stops, calls Release and is elected, each stamped with
+// CLOCK_MONOTONIC and the process ID:
 //
 //	TRACE <ns> <pid> start be=<backend pid> <the statement's first 70 characters>
 //	TRACE <ns> <pid> end be=<backend pid> err=<error>
