@@ -500,7 +500,7 @@ func TestAdvisoryLossWhileIdleIsLogged(t *testing.T) {
 	alice := candidate("alice")
 	held := mustGrant(t, s, "idle-loss", alice, 10*time.Second)
 	lost := s.Lost("idle-loss", alice.Token, held.Term)
-	waitAnnounced(t, pool, "idle-loss")
+	waitAnnounced(t, pool, s, "idle-loss")
 	var terminated bool
 	err := pool.QueryRow(callCtx(t),
 		`SELECT pg_terminate_backend(holder_pid) FROM leader_advisory WHERE name = 'idle-loss'`).Scan(&terminated)
@@ -526,11 +526,19 @@ func TestAdvisoryLossWhileIdleIsLogged(t *testing.T) {
 	})
 }
 
-// waitAnnounced waits until the holder of name's session has sent its
-// grant's notification (see AdvisoryStore.announce) and is idle, so that
-// what happens to the session next finds it idle.
-func waitAnnounced(t *testing.T, pool *pgxpool.Pool, name string) {
+// waitAnnounced waits until the session of s that holds name has sent its
+// grant's notification (see AdvisoryStore.notifyLater) and is idle on both
+// ends, with its reader waiting, so that what happens to the session next
+// finds it idle.
+func waitAnnounced(t *testing.T, pool *pgxpool.Pool, s *AdvisoryStore, name string) {
 	t.Helper()
+	defer func() {
+		// The server shows the session idle just before it sends the
+		// reply: wait for the notifying call to hand the session back.
+		ss := s.holderSession(t, name)
+		ss.turn <- struct{}{}
+		<-ss.turn
+	}()
 	electortest.Eventually(t, 10*time.Second, "the grant of "+name+" to be announced", func() bool {
 		var idle bool
 		err := pool.QueryRow(callCtx(t), `SELECT coalesce(bool_or(act.state = 'idle' AND act.query LIKE 'SELECT pg_notify(%'), false)

@@ -173,14 +173,32 @@ func TestElectorsOnPostgres(t *testing.T) {
 		electortest.Run(t, b)
 		electortest.Eventually(t, 10*time.Second, "b to follow a", func() bool { return b.Status().Leader == "a" })
 
-		// Another transaction takes the lease row's lock: a's renewals
-		// (and b's attempts) now wait on it.
+		// a's renewals write its store's heartbeat row once its first
+		// round has moved the lease under it: wait for that, so that the
+		// lock below is on the row its renewals write.
+		electortest.Eventually(t, 10*time.Second, "a's lease under its heartbeat", func() bool {
+			var moved bool
+			err := s.pool.QueryRow(t.Context(), "SELECT heartbeat IS NOT NULL FROM leader_leases WHERE name = 'locked'").Scan(&moved)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return moved
+		})
+		// Another transaction takes the locks of the heartbeat row and the
+		// lease row, in the store's order: a's renewals (and b's attempts)
+		// now wait on them.
 		tx, err := s.pool.Begin(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tx.Exec(t.Context(), "SELECT * FROM leader_leases WHERE name = 'locked' FOR UPDATE"); err != nil {
-			t.Fatal(err)
+		defer tx.Rollback(context.Background()) // if the test ends early: the pool waits for its connection
+		for _, lock := range []string{
+			"SELECT FROM leader_heartbeats WHERE id = (SELECT heartbeat FROM leader_leases WHERE name = 'locked') FOR UPDATE",
+			"SELECT FROM leader_leases WHERE name = 'locked' FOR UPDATE",
+		} {
+			if _, err := tx.Exec(t.Context(), lock); err != nil {
+				t.Fatal(err)
+			}
 		}
 		lockedAt := time.Now()
 		electortest.Eventually(t, 3*ttl, "a to demote", func() bool { return !a.IsLeader() })
