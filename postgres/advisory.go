@@ -464,17 +464,18 @@ func (s *AdvisoryStore) notifyLater(ss *session, term uint64, released bool) {
 			_, err := conn.Exec(ctx, stmt, args...)
 			return err
 		})
+		if err == nil || errors.Is(err, errNotHeld) || errors.Is(err, errSessionGone) {
+			return
+		}
 		log := s.log.With(slog.String("election", ss.name), slog.Uint64("term", term), slog.Any("error", err))
-		switch {
-		case err == nil, errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
-		case errors.Is(err, errSessionDropped):
+		if errors.Is(err, errSessionDropped) {
 			// A lease held is told lost to the Elector
 			// (leader.LossNotifier), as by the session's reader when the
 			// session ends while idle.
 			log.Debug("advisory session ended while notifying of a " + what)
-		default:
-			log.Warn("could not notify of a " + what + "; followers without a lock waiter learn of it later")
+			return
 		}
+		log.Warn("could not notify of a " + what + "; followers without a lock waiter learn of it later")
 	})
 }
 
