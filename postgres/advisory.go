@@ -125,9 +125,13 @@ import (
 // outlast its mark by a moment: a candidate woken then that finds the lock
 // still held by the backend that went looks again, for up to 500 ms,
 // instead of taking the refusal; and the lock waiter wakes the watchers
-// again if it finds the lock free 20 ms later. A holder without its mark
-// (a stray session holds the same two int4 keys, or a store of an older
-// version holds the lock) is waited for on the lock itself; a follower
+// again if it finds the lock free 20 ms later. A lock held without its
+// mark by a backend that the row does not name is taken for a grant in
+// flight, and looked at again at its announcement (or 20, 40, 80 ms
+// later, and so on). A holder without its mark (a stray session holds the
+// same two int4 keys, or a store of an older version holds the lock, and
+// the row names it; or the lock has been held so for a second) is waited
+// for on the lock itself; a follower
 // that then comes while lock waiters hold the lock shared waits for them
 // in the lock's queue (at most 100 ms).
 //
@@ -186,9 +190,14 @@ const (
 	// still free without a notification saying it was granted.
 	waiterPoll = 5 * time.Second
 	// markLook is how long a lock waiter that found the lock held
-	// without its mark waits before it looks again; if it finds the same,
-	// it waits on the lock itself.
-	markLook = 20 * time.Millisecond
+	// without its mark, by a backend the row does not name (most likely a
+	// grant in flight), waits before it looks again, unless the grant's
+	// announcement comes first; it waits twice as long before each
+	// further look, and once it has found the same for grantInFlight, it
+	// waits on the lock itself. A lock waiter that has woken the watchers
+	// waits as long before it looks again.
+	markLook      = 20 * time.Millisecond
+	grantInFlight = time.Second
 	// lingerFor is how long after a lock waiter saw a holder's mark
 	// freed a candidate that finds the lock still held by that holder's
 	// backend looks again (see lingering).

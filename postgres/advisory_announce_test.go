@@ -151,6 +151,7 @@ func TestAdvisoryCandidateWaitsForAGrantInFlight(t *testing.T) {
 	times.match = map[string]string{losers.sql.grantQuick: "grant", losers.sql.grant: "grant"}
 	times.mu.Unlock()
 	const name = "in-flight"
+	hi, lo := keyHalves(winners.Key(name))
 	alice, bob := candidate("alice"), candidate("bob")
 
 	// The row exists (a grant and a release), so that a transaction can
@@ -159,28 +160,8 @@ func TestAdvisoryCandidateWaitsForAGrantInFlight(t *testing.T) {
 	if err := winners.Release(callCtx(t), name, alice.Token, l.Term); err != nil {
 		t.Fatal(err)
 	}
-	listening := make(chan struct{})
-	losers.onListen = func(uint32) {
-		select {
-		case <-listening:
-		default:
-			close(listening)
-		}
-	}
-	if _, err := losers.WatchFree(t.Context(), name); err != nil {
-		t.Fatal(err)
-	}
-	<-listening
-	losers.waitFirstLook(t, name)
-
-	tx, err := pool.Begin(callCtx(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(callCtx(t), "SELECT FROM leader_advisory WHERE name = $1 FOR UPDATE", name); err != nil {
-		t.Fatal(err)
-	}
+	losers.watchFreeSettled(t, name)
+	tx := lockRow(t, pool, name)
 	type outcome struct {
 		l       leader.Lease
 		granted bool
@@ -194,9 +175,8 @@ func TestAdvisoryCandidateWaitsForAGrantInFlight(t *testing.T) {
 	electortest.Eventually(t, 10*time.Second, "alice's grant to hold the lock and wait for the row", func() bool {
 		var waiting bool
 		err := pool.QueryRow(callCtx(t), `SELECT EXISTS (
-			SELECT FROM pg_stat_activity AS act JOIN pg_locks AS l ON l.pid = act.pid
-			WHERE act.wait_event_type = 'Lock' AND l.locktype = 'advisory' AND l.granted
-				AND l.objsubid = 1 AND l.mode = 'ExclusiveLock')`).Scan(&waiting)
+			SELECT FROM pg_stat_activity AS act JOIN (`+heldBy("$1", "$2")+`) AS l ON l.pid = act.pid
+			WHERE act.wait_event_type = 'Lock')`, hi, lo).Scan(&waiting)
 		if err != nil {
 			t.Fatal(err)
 		}

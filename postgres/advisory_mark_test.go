@@ -18,9 +18,9 @@ import (
 	"github.com/leaderelect/leader/internal/pgtest"
 )
 
-// lockRequests counts the advisory lock requests on the server by mode,
-// granted or waiting, on the lock of key (objsubid 1) and on the mark of
-// the backend pid (see markClass).
+// lockRequests counts the advisory lock requests in the pool's database
+// by mode, granted or waiting, on the lock of key (objsubid 1) and on the
+// mark of the backend pid (see markClass).
 type lockRequests struct {
 	lockExclusive, lockSharedWaiting, lockShared   int
 	markExclusive, markSharedWaiting, markSharedOK int
@@ -30,7 +30,8 @@ func requests(t *testing.T, pool *pgxpool.Pool, key int64, pid int32) lockReques
 	t.Helper()
 	hi, lo := keyHalves(key)
 	rows, err := pool.Query(callCtx(t), `SELECT l.objsubid, l.mode, l.granted FROM pg_locks AS l
-		WHERE l.locktype = 'advisory' AND (
+		WHERE l.locktype = 'advisory'
+			AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()) AND (
 			(l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 1) OR
 			(l.classid::bigint = `+markClassOID+` AND l.objid::bigint = $3 AND l.objsubid = 2))`, hi, lo, pid)
 	if err != nil {
@@ -107,6 +108,43 @@ func advisoryOn(t *testing.T, pool *pgxpool.Pool, change func(*pgx.ConnConfig)) 
 	}
 	t.Cleanup(own.Close)
 	return setupAdvisory(t, own, Options{})
+}
+
+// watchFreeSettled returns s.WatchFree(name) once s listens and name's
+// lock waiter has made its first look.
+func (s *AdvisoryStore) watchFreeSettled(t *testing.T, name string) <-chan struct{} {
+	t.Helper()
+	listening := make(chan struct{})
+	s.onListen = func(uint32) {
+		select {
+		case <-listening:
+		default:
+			close(listening)
+		}
+	}
+	ch, err := s.WatchFree(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-listening
+	s.waitFirstLook(t, name)
+	return ch
+}
+
+// lockRow locks the advisory strategy's row of name (which must exist) in
+// a transaction of its own, rolled back when the test ends unless the
+// caller does so first.
+func lockRow(t *testing.T, pool *pgxpool.Pool, name string) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(callCtx(t), "SELECT FROM leader_advisory WHERE name = $1 FOR UPDATE", name); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
 
 // TestAdvisoryLockWaitersWaitOnTheHoldersMark checks that a holder takes
@@ -696,4 +734,101 @@ func TestAdvisoryLockWaiterWakesForAHolderGrantedAndGoneBetweenLooks(t *testing.
 	case <-time.After(3 * time.Second):
 		t.Fatal("no wake-up within 3s of a look finding the lock free, with the row naming a holder that went without a release")
 	}
+}
+
+// TestAdvisoryLockWaiterWaitsOutAGrantInFlight checks that a lock waiter
+// that finds the lock held without its mark, while the row does not name
+// the lock's holder, takes it for a grant in flight (the lock taken, the
+// mark and the row not yet): it looks again, at the grant's announcement,
+// and then waits on the holder's mark, however long the grant took. It
+// takes a holder for one without a mark only when the row names it, or
+// when the lock has been held that way for longer than grantInFlight (a
+// session that is no store's holds it): then it waits on the lock itself,
+// and wakes the watchers when that session lets go.
+func TestAdvisoryLockWaiterWaitsOutAGrantInFlight(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	const name = "grant-in-flight"
+	key := holders.Key(name)
+	times := &statementTimes{}
+	watchers := advisoryOn(t, pool, func(c *pgx.ConnConfig) { c.Tracer = times })
+	times.mu.Lock()
+	times.match = map[string]string{watchers.sql.waiter: "look"}
+	times.mu.Unlock()
+	alice := candidate("alice")
+
+	// The row exists (a grant and a release), so that a transaction can
+	// lock it.
+	l := mustGrant(t, holders, name, alice, time.Minute)
+	mustRelease(t, holders, name, alice, l.Term)
+	ch := watchers.watchFreeSettled(t, name)
+
+	// alice's grant takes the lock and waits for the row, which a
+	// transaction holds; a notification of a grant of name (as a grant
+	// of another store would send) makes the lock waiter look meanwhile.
+	tx := lockRow(t, pool, name)
+	granted := make(chan error, 1)
+	go func() {
+		_, ok, err := holders.Acquire(callCtx(t), name, alice, time.Minute)
+		if err == nil && !ok {
+			err = fmt.Errorf("alice was refused")
+		}
+		granted <- err
+	}()
+	electortest.Eventually(t, 10*time.Second, "alice's grant to take the lock", func() bool {
+		return requests(t, pool, key, 0).lockExclusive == 1
+	})
+	notified := time.Now()
+	if _, err := pool.Exec(callCtx(t), "SELECT pg_notify($1, $2)", watchers.wakeups.channel, payloadGrant+name); err != nil {
+		t.Fatal(err)
+	}
+	electortest.Eventually(t, 10*time.Second, "the lock waiter's look at the grant in flight", func() bool {
+		start, ok := times.after(notified, "look", false)
+		if !ok {
+			return false
+		}
+		_, ok = times.after(start, "look", true)
+		return ok
+	})
+	time.Sleep(10 * markLook) // long enough for a lock waiter that counts time to give up on the mark
+	if err := tx.Rollback(callCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-granted; err != nil {
+		t.Fatal(err)
+	}
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on alice's mark", func() bool {
+		r := requests(t, pool, key, pid)
+		return r.markSharedWaiting == 1 && r.lockSharedWaiting+r.lockShared == 0
+	})
+	held, err := holders.Observe(callCtx(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRelease(t, holders, name, alice, held.Term)
+
+	// A session that is no store's takes the lock: there is no grant to
+	// wait for, and the lock waiter waits on the lock itself once the
+	// lock has been held for grantInFlight without a holder in the row.
+	stray, err := pool.Acquire(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stray.Release()
+	if _, err := stray.Exec(callCtx(t), "SELECT pg_advisory_lock($1)", key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(callCtx(t), "SELECT pg_notify($1, $2)", watchers.wakeups.channel, payloadGrant+name); err != nil {
+		t.Fatal(err)
+	}
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the stray session's lock", func() bool {
+		return requests(t, pool, key, 0).lockSharedWaiting == 1
+	})
+	drain(ch)
+	if _, err := stray.Exec(callCtx(t), "SELECT pg_advisory_unlock($1)", key); err != nil {
+		t.Fatal(err)
+	}
+	waitWake(t, ch, "after the stray session let go of the lock")
 }

@@ -424,12 +424,31 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 // first of them takes it at once. The release notifications of the
 // holder it waits on, and of the last holder it saw go, wake only the
 // watchers of every event (see coverage), so that a follower is woken once
-// per handover. Its own subscription, sub, is to grants alone. A holder without its mark (a grant in flight, or a store of
-// an older version) is waited for on the lock itself, as before the mark.
+// per handover. Its own subscription, sub, is to grants alone.
+//
+// A lock held without its mark, while the row names another backend or
+// none, is most likely a grant in flight: it takes the lock, then its
+// mark, then commits its row. waitOn looks again at the grant's
+// announcement, or after markLook, then twice as long each time. A holder
+// without its mark that the row names (a store of an older version, or
+// one whose session ended and whose lock outlasts its mark), or a lock held
+// without its mark and without a row naming its holder for grantInFlight
+// (a stray session holds the lock's key), is waited for on the lock
+// itself, as before the mark. Deciding by the row rather than by time
+// alone, a lock waiter that looks twice while a slow grant runs, woken in
+// between by another event, does not mistake the grant for a holder
+// without its mark and wait on its lock until its release.
 func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}, w *lockWaiter) error {
 	key := s.Key(name)
 	hi, lo := keyHalves(key)
-	unmarked := 0 // looks in a row that found the lock held without its mark
+	// inFlight is when the looks in a row that found the lock held
+	// without its mark, and the row not naming its holder, began (zero
+	// if the last look did not); inFlightWait is how long to wait before
+	// the next such look.
+	var (
+		inFlight     time.Time
+		inFlightWait time.Duration
+	)
 	// owed: a look found the lock held, and this lock waiter has not
 	// woken the watchers since. A look that then finds the lock free
 	// wakes them: a holder may go between two looks, as one whose lock
@@ -454,15 +473,17 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		default:
 		}
 		var (
-			held      bool
-			marked    *int32 // the holder's PID, if it holds its mark
+			holder    *int32 // the PID of the lock's holder, if it is held
+			marked    bool   // whether the holder holds its mark
 			rowHolder *int32 // the backend the row names, if it has a holder
 		)
-		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&held, &marked, &rowHolder); err != nil {
+		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&holder, &marked, &rowHolder); err != nil {
 			return err // waitLoop wakes the watchers
 		}
-		if !held {
-			unmarked = 0
+		if holder == nil || marked {
+			inFlight = time.Time{}
+		}
+		if holder == nil {
 			if owed || (rowHolder != nil && (*rowHolder == gone || *rowHolder != wokeFor)) {
 				owed = false
 				s.wake(name)
@@ -479,28 +500,33 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		}
 		owed, gone = true, 0
 		w.firstLookDone()
-		if marked == nil && unmarked == 0 {
-			// Most likely a grant between its lock and its mark: look
-			// again after its notification.
-			unmarked++
-			if err := awaitEvent(ctx, sub, markLook); err != nil {
-				return err
+		if !marked && (rowHolder == nil || *rowHolder != *holder) {
+			if inFlight.IsZero() {
+				inFlight, inFlightWait = time.Now(), markLook
 			}
-			continue
+			if time.Since(inFlight) < grantInFlight {
+				// Most likely a grant in flight: look again at its
+				// announcement.
+				if err := awaitEvent(ctx, sub, inFlightWait); err != nil {
+					return err
+				}
+				inFlightWait *= 2
+				continue
+			}
 		}
-		if marked == nil {
+		if !marked {
 			// Granted the shared lock only once no one holds it
 			// exclusively; it is let go in the same statement.
+			inFlight = time.Time{}
 			if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key); err != nil {
 				return err // waitLoop wakes the watchers
 			}
-			unmarked, owed = 0, false
+			owed = false
 			s.wake(name)
 			continue
 		}
-		unmarked = 0
-		s.wakeups.expect(name, uint32(*marked))
-		_, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", *marked)
+		s.wakeups.expect(name, uint32(*holder))
+		_, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", *holder)
 		// The wake below covers any release that came meanwhile.
 		s.wakeups.settle(name, err == nil)
 		if err != nil {
@@ -514,9 +540,9 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		// watchers again if it finds the lock held (owed), or free with
 		// the row still naming that backend (gone).
 		s.smu.Lock()
-		s.freed[name] = freeing{pid: *marked, at: time.Now()}
+		s.freed[name] = freeing{pid: *holder, at: time.Now()}
 		s.smu.Unlock()
-		owed, gone, wokeFor = false, *marked, *marked
+		owed, gone, wokeFor = false, *holder, *holder
 		s.wake(name)
 		// Stay out of the way of the candidates just woken, whose
 		// statements the winner's waits behind on a busy server: look

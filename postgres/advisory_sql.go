@@ -344,11 +344,11 @@ SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM disarmed)`,
 		observe: observeRow(table, "$1", "$2", "$3"),
 
 		// Waiter, a lock waiter's look: $1 and $2 the key's halves, $3
-		// the name. Whether anyone holds the lock, the PID of its holder
-		// if the holder holds its mark too (NULL if not), and the backend
-		// that the name's row names as its holder (NULL if none).
-		waiter: fill(`WITH k AS (` + heldBy("$1", "$2") + `)
-SELECT EXISTS (SELECT FROM k), (SELECT k.pid FROM k WHERE EXISTS (` + markedBy("k.pid") + `) LIMIT 1),
+		// the name. The PID of the lock's holder (NULL if it is free),
+		// whether the holder holds its mark too, and the backend that the
+		// name's row names as its holder (NULL if none).
+		waiter: fill(`WITH k AS MATERIALIZED (` + heldBy("$1", "$2") + ` LIMIT 1)
+SELECT (SELECT k.pid FROM k), EXISTS (SELECT FROM k WHERE EXISTS (` + markedBy("k.pid") + `)),
 	(SELECT a.holder_pid FROM {t} AS a WHERE a.name = $3 AND a.holder_token IS NOT NULL)`),
 
 		// Held here: whether this session holds the lock; $1 and $2 the
