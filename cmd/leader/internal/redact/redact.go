@@ -43,11 +43,7 @@ func URL(raw string) string {
 		return out
 	}
 	r := &Redactor{}
-	forms(pw, func(s string) {
-		if len(s) >= minSecretLen { // as in free text: see minSecretLen
-			r.secrets = append(r.secrets, s)
-		}
-	})
+	forms(pw, func(s string) { r.secrets = append(r.secrets, s) })
 	r.sort()
 	return r.String(out)
 }
@@ -179,8 +175,15 @@ func driverPassword(raw string) string {
 }
 
 // forms passes pw to add as written plainly and in each way a URL may
-// carry it.
+// carry it, if pw is at least minSecretLen bytes long. The length is the
+// secret's own, not its forms': the escaped form of a shorter password can
+// be long enough ("%21" for "!"), and masking it would also mask the same
+// text elsewhere in a URL (a user name "!"), so that what is shown would
+// depend on the password.
 func forms(pw string, add func(string)) {
+	if len(pw) < minSecretLen {
+		return
+	}
 	add(pw)
 	add(url.QueryEscape(pw))
 	add(url.PathEscape(pw))
