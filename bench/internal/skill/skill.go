@@ -1,5 +1,5 @@
 // Package skill is the table-and-heartbeat elector of the widely copied
-// "leader-election" skill (../shared/seeds/leader-election-skill.md),
+// "leader-election" skill (see "The electors" in bench/README.md),
 // written in Go from its description for the benchmark: a
 // leader_election table, three SQL functions (try_become_leader,
 // leader_heartbeat, step_down) and a loop that every HeartbeatInterval
