@@ -99,9 +99,47 @@ type commonOptions struct {
 }
 
 func (c *commonOptions) register(fs *flag.FlagSet, defaultLevel string) {
-	fs.StringVar(&c.store, "store", "", "the store's `URL`: postgres://… (or postgresql://…), or file:///dir for the embedded\nsingle-host store (default: $"+envStore+", else the embedded store in "+defaultStoreDirHelp+")")
+	fs.StringVar(&c.store, "store", "", "the store's `URL`: postgres://… (or postgresql://…), or file:///dir for the embedded\nsingle-host store")
+	describeDefault(fs, "store", "$"+envStore+", else the embedded store in "+defaultStoreDirHelp)
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&c.logLevel, "log-level", defaultLevel, "log level: debug, info, warn or error")
+}
+
+// requiredString is a string flag with no default: help says "(required)"
+// where other flags show their default. The subcommands check that it was
+// given, each with a message of its own.
+type requiredString string
+
+func (s *requiredString) String() string {
+	if s == nil {
+		return ""
+	}
+	return string(*s)
+}
+
+func (s *requiredString) Set(v string) error {
+	*s = requiredString(v)
+	return nil
+}
+
+// describeDefault sets the default that help shows for the flag name of fs,
+// for a flag whose zero value stands for something else: a value computed
+// from other flags or found at run time.
+func describeDefault(fs *flag.FlagSet, name, text string) {
+	fs.Lookup(name).DefValue = text
+}
+
+// defaultNote is how help shows f's default: "(required)" for a flag that
+// has none, "(default: none)" for an empty string, else the default as text
+// (false for a boolean, 2m0s for a duration).
+func defaultNote(f *flag.Flag) string {
+	if _, ok := f.Value.(*requiredString); ok {
+		return "(required)"
+	}
+	if f.DefValue == "" {
+		return "(default: none)"
+	}
+	return "(default: " + f.DefValue + ")"
 }
 
 // storeURL returns the store named by --store, else by $LEADER_STORE, else
@@ -131,7 +169,8 @@ func (c *commonOptions) logger(w io.Writer, red *redact.Redactor) (*slog.Logger,
 	}
 }
 
-// printCommandUsage writes cmd's help: synopsis, description, flags.
+// printCommandUsage writes cmd's help: synopsis, description, and every
+// flag with its default.
 func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
 	fmt.Fprintf(w, "Usage: %s\n\n%s\n", cmd.synopsis, strings.TrimSpace(cmd.help))
 	var b strings.Builder
@@ -145,9 +184,7 @@ func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
 		for line := range strings.SplitSeq(usage, "\n") {
 			fmt.Fprintf(&b, "        %s\n", line)
 		}
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0s" {
-			fmt.Fprintf(&b, "        (default %s)\n", f.DefValue)
-		}
+		fmt.Fprintf(&b, "        %s\n", defaultNote(f))
 	})
 	if b.Len() > 0 {
 		fmt.Fprintf(w, "\nFlags:\n%s", b.String())

@@ -89,10 +89,12 @@ type onceOptions struct {
 
 func (o *onceOptions) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("once", flag.ContinueOnError)
-	fs.StringVar(&o.name, "name", "", "the election `NAME`: one per job (required)")
-	fs.StringVar(&o.id, "id", "", "this host's `ID`, shown by status while it runs (default <hostname>-<pid>)")
+	fs.Var((*requiredString)(&o.name), "name", "the election `NAME`: one per job")
+	fs.StringVar(&o.id, "id", "", "this host's `ID`, shown by status while it runs")
+	describeDefault(fs, "id", "<hostname>-<pid>")
 	fs.DurationVar(&o.window, "window", defaultWindow, "how long the lease is held after a run starts and after it ends")
-	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when CMD must stop (default --window/5 minus a kill margin)")
+	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when CMD must stop")
+	describeDefault(fs, "grace", fmt.Sprintf("--window/5 minus a kill margin: %v for the default --window", defaultGrace(defaultWindow)))
 	registerStrategy(fs, &o.strategy, "PostgreSQL strategy: lease only (advisory is refused: its lock would be freed when \"leader once\"\nexits, so the window after a run could not hold)")
 	o.commonOptions.register(fs, "warn")
 	return fs

@@ -77,7 +77,7 @@ type statusOptions struct {
 
 func (o *statusOptions) flags(cmd string) *flag.FlagSet {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.StringVar(&o.name, "name", "", "the election `NAME` (required)")
+	fs.Var((*requiredString)(&o.name), "name", "the election `NAME`")
 	fs.BoolVar(&o.json, "json", false, "print JSON")
 	registerStrategy(fs, &o.strategy, "the PostgreSQL strategy the election's candidates use: lease or advisory (each keeps its own\n"+
 		"records: with the wrong one, the election shows no leader)")
