@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/leaderelect/leader/cmd/leader/internal/redact"
 )
@@ -46,8 +47,9 @@ func (a *app) fail(cmd string, red *redact.Redactor, err error) int {
 	return exitFailure
 }
 
-// parse parses args for cmd with fs. When withCommand is set, args must end
-// with "-- CMD [ARGS...]", which is returned. ok is false when the caller
+// parse parses args for cmd with fs, and refuses a duration flag that is
+// not positive. When withCommand is set, args must end with
+// "-- CMD [ARGS...]", which is returned. ok is false when the caller
 // must return code at once: after -h (code 0) or a usage error (code 2, the
 // message printed).
 func (a *app) parse(cmd *command, fs *flag.FlagSet, args []string, withCommand bool) (command []string, code int, ok bool) {
@@ -65,6 +67,9 @@ func (a *app) parse(cmd *command, fs *flag.FlagSet, args []string, withCommand b
 		}
 		return nil, a.fail(cmd.name, nil, usagef("%s", flagError(err))), false
 	}
+	if err := checkDurations(fs); err != nil {
+		return nil, a.fail(cmd.name, nil, err), false
+	}
 	extra := fs.Args()
 	switch {
 	case withCommand && dash < 0 && len(extra) > 0:
@@ -77,6 +82,23 @@ func (a *app) parse(cmd *command, fs *flag.FlagSet, args []string, withCommand b
 		return nil, a.fail(cmd.name, nil, usagef("unexpected argument %q", extra[0])), false
 	}
 	return command, exitOK, true
+}
+
+// checkDurations refuses a duration flag given on the command line as zero
+// or less. Every duration flag is a length of time that must pass; none
+// takes zero to mean its default, which help shows instead.
+func checkDurations(fs *flag.FlagSet) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		g, ok := f.Value.(flag.Getter)
+		if !ok || err != nil {
+			return
+		}
+		if d, ok := g.Get().(time.Duration); ok && d <= 0 {
+			err = usagef("--%s must be positive, got %v", f.Name, d)
+		}
+	})
+	return err
 }
 
 // flagError rewrites the flag package's messages to name flags as the help

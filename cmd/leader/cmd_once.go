@@ -123,9 +123,6 @@ func runOnceCommand(a *app, ctx context.Context, args []string) int {
 	if o.name == "" {
 		return fail(usagef("missing --name: the job's election name"))
 	}
-	if o.grace < 0 {
-		return fail(usagef("--grace %v: must not be negative", o.grace))
-	}
 	if o.id == "" {
 		host, _ := os.Hostname()
 		o.id = host + "-" + strconv.Itoa(os.Getpid())

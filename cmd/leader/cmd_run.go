@@ -153,9 +153,6 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	default:
 		return fail(usagef("--restart %q: want never, on-failure or always", o.restart))
 	}
-	if o.grace < 0 {
-		return fail(usagef("--grace %v: must not be negative", o.grace))
-	}
 	httpAddr, err := listenAddr(o.http)
 	if err != nil {
 		return fail(err)

@@ -104,9 +104,6 @@ func (o *statusOptions) setup(a *app, ctx context.Context, cmd *command, args []
 	if o.name == "" {
 		return nil, nil, nil, fail(usagef("missing --name: the election to show")), false
 	}
-	if o.interval < 0 {
-		return nil, nil, nil, fail(usagef("--poll %v: must not be negative", o.interval)), false
-	}
 	spec, err := parseStoreURL(rawStore)
 	if err != nil {
 		return nil, nil, nil, fail(err), false
@@ -329,7 +326,7 @@ func runWatch(a *app, ctx context.Context, args []string) int {
 		next := o.interval
 		if lease.Held() {
 			next = lease.Remaining + 5*time.Millisecond
-			if wake == nil && o.interval > 0 {
+			if wake == nil {
 				next = min(next, o.interval)
 			}
 		}
