@@ -296,7 +296,12 @@ func TestHelp(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "leader run") || !strings.Contains(out, "Exit codes") {
 		t.Errorf("help: exit %d\n%s", code, out)
 	}
-	for _, cmd := range []string{"run", "once", "status", "watch", "migrate", "demo"} {
+	for _, cmd := range commands {
+		if !cmd.hidden && !strings.Contains(out, "\n  leader "+cmd.name+" ") {
+			t.Errorf("help does not list %s", cmd.name)
+		}
+	}
+	for _, cmd := range []string{"run", "once", "status", "watch", "migrate", "demo", "version"} {
 		out, _, code := e.run(cmd, "-h")
 		if code != 0 || !strings.Contains(out, "Usage: leader "+cmd) {
 			t.Errorf("%s -h: exit %d\n%s", cmd, code, out)

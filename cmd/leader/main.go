@@ -36,6 +36,8 @@ func dispatch(args []string) int {
 	switch name {
 	case "help", "-h", "-help", "--help":
 		return a.help(rest)
+	case "--version", "-version":
+		return runVersion(a, context.Background(), rest)
 	}
 	cmd := lookupCommand(name)
 	if cmd == nil {
@@ -88,7 +90,7 @@ type command struct {
 var commands []*command
 
 func init() {
-	commands = []*command{runCommand, onceCommand, statusCommand, watchCommand, migrateCommand, demoCommand, demoChildCommand}
+	commands = []*command{runCommand, onceCommand, statusCommand, watchCommand, migrateCommand, demoCommand, versionCommand, demoChildCommand}
 }
 
 func lookupCommand(name string) *command {

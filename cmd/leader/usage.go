@@ -14,6 +14,7 @@ Usage:
   leader watch   --name NAME [--json]                   print a line each time the leader changes
   leader migrate                                        create or update the PostgreSQL schema
   leader demo    [--store URL]                          watch a failover and a handover, live
+  leader version                                        this binary's version and Go version (also --version)
   leader help    [COMMAND]                              this text, or a command's
 
 Stores (--store URL, or $LEADER_STORE):
