@@ -27,9 +27,10 @@ import (
 const defaultWindow = 2 * time.Minute
 
 var onceCommand = &command{
-	name:     "once",
-	synopsis: "leader once --name NAME [--window D] [flags] -- CMD [ARGS...]",
-	summary:  "run a command on one host per firing (for crontabs installed on every host)",
+	name:        "once",
+	synopsis:    "leader once --name NAME [--window D] [flags] -- CMD [ARGS...]",
+	summary:     "run a command on one host per firing (for crontabs installed on every host)",
+	runsCommand: true,
 	help: `
 For a crontab installed on every host: at most one host runs CMD for each
 firing, even when the hosts' cron daemons and clocks fire up to a minute

@@ -22,9 +22,10 @@ import (
 )
 
 var runCommand = &command{
-	name:     "run",
-	synopsis: "leader run --name NAME [flags] -- CMD [ARGS...]",
-	summary:  "run a command only while this instance leads the election",
+	name:        "run",
+	synopsis:    "leader run --name NAME [flags] -- CMD [ARGS...]",
+	summary:     "run a command only while this instance leads the election",
+	runsCommand: true,
 	help: `
 Campaigns in the election NAME and, while this instance leads, runs CMD with
 LEADER_NAME, LEADER_ID, LEADER_TERM (the fencing term, which grows with every

@@ -194,6 +194,8 @@ func TestUsageErrors(t *testing.T) {
 		{"status with an argument", []string{"status", "--name", "x", "extra"}, `unexpected argument "extra"`},
 		{"once without command", []string{"once", "--name", "x"}, "missing the command"},
 		{"once window too short", []string{"once", "--name", "x", "--window", "10ms", "--", "true"}, "--window 10ms"},
+		{"completion without a shell", []string{"completion"}, "missing the shell: want bash, zsh or fish"},
+		{"completion for an unknown shell", []string{"completion", "tcsh"}, `unknown shell "tcsh": want bash, zsh or fish`},
 		{"help for an unknown command", []string{"help", "nope"}, `unknown command "nope"`},
 		{"bad http address", []string{"run", "--name", "x", "--http", "a:b:c", "--", "true"}, "--http"},
 	}
@@ -301,7 +303,7 @@ func TestHelp(t *testing.T) {
 			t.Errorf("help does not list %s", cmd.name)
 		}
 	}
-	for _, cmd := range []string{"run", "once", "status", "watch", "migrate", "demo", "version"} {
+	for _, cmd := range []string{"run", "once", "status", "watch", "migrate", "demo", "version", "completion"} {
 		out, _, code := e.run(cmd, "-h")
 		if code != 0 || !strings.Contains(out, "Usage: leader "+cmd) {
 			t.Errorf("%s -h: exit %d\n%s", cmd, code, out)

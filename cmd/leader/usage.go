@@ -15,6 +15,7 @@ Usage:
   leader migrate                                        create or update the PostgreSQL schema
   leader demo    [--store URL]                          watch a failover and a handover, live
   leader version                                        this binary's version and Go version (also --version)
+  leader completion bash|zsh|fish                       print a shell completion script
   leader help    [COMMAND]                              this text, or a command's
 
 Stores (--store URL, or $LEADER_STORE):
