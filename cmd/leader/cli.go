@@ -132,6 +132,7 @@ func (c *commonOptions) register(fs *flag.FlagSet, defaultLevel string) {
 // given, each with a message of its own.
 type requiredString string
 
+// String returns the flag's value, "" until it is given.
 func (s *requiredString) String() string {
 	if s == nil {
 		return ""
@@ -139,6 +140,7 @@ func (s *requiredString) String() string {
 	return string(*s)
 }
 
+// Set stores the value given on the command line.
 func (s *requiredString) Set(v string) error {
 	*s = requiredString(v)
 	return nil

@@ -10,6 +10,7 @@ import (
 	"strings"
 )
 
+// completionCommand is "leader completion SHELL".
 var completionCommand = &command{
 	name:     "completion",
 	synopsis: "leader completion bash|zsh|fish",
@@ -49,6 +50,8 @@ func init() {
 	}
 }
 
+// runCompletion writes the completion script for the shell named by
+// args[0], or reports a missing or unknown shell as a usage error.
 func runCompletion(a *app, _ context.Context, args []string) int {
 	shell, rest := "", args
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {

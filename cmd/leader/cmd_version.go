@@ -11,6 +11,8 @@ import (
 	"runtime/debug"
 )
 
+// versionCommand is "leader version", also run by "leader --version" and
+// "leader -version".
 var versionCommand = &command{
 	name:     "version",
 	synopsis: "leader version",
@@ -39,6 +41,7 @@ func init() {
 	versionCommand.run = runVersion
 }
 
+// runVersion prints the version of this binary, from its build information.
 func runVersion(a *app, _ context.Context, args []string) int {
 	if _, code, ok := a.parse(versionCommand, versionCommand.flags(), args, false); !ok {
 		return code

@@ -262,6 +262,7 @@ func TestDurationFlagDefaultsArePositive(t *testing.T) {
 	}
 }
 
+// isDurationFlag tells whether f takes a time.Duration.
 func isDurationFlag(f *flag.Flag) bool {
 	g, ok := f.Value.(flag.Getter)
 	if !ok {

@@ -36,6 +36,9 @@ func completionArm(t *testing.T, script, name string) string {
 	return arm
 }
 
+// Each shell's completion script completes every subcommand and each of
+// its flags, passes the shell's own syntax check where the shell is
+// installed, and, in bash, offers the right words.
 func TestCompletion(t *testing.T) {
 	t.Parallel()
 	// What each shell's script must say for subcommand cmd and its flag f.

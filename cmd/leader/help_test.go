@@ -30,6 +30,8 @@ func flagHelp(t *testing.T, help string) map[string]string {
 	return blocks
 }
 
+// The help of every subcommand lists each of its flags with its default, or
+// says that the flag is required; and each kind of default reads well.
 func TestHelpShowsADefaultForEveryFlag(t *testing.T) {
 	t.Parallel()
 	for _, cmd := range commands {
@@ -79,6 +81,7 @@ func TestHelpShowsADefaultForEveryFlag(t *testing.T) {
 	})
 }
 
+// countFlags returns how many flags fs defines.
 func countFlags(fs *flag.FlagSet) int {
 	n := 0
 	fs.VisitAll(func(*flag.Flag) { n++ })

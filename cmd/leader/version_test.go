@@ -10,6 +10,8 @@ import (
 	"testing"
 )
 
+// "leader version" prints the module version, the VCS details the build
+// recorded and the Go version, in a fixed line format.
 func TestVersion(t *testing.T) {
 	t.Parallel()
 	platform := runtime.GOOS + "/" + runtime.GOARCH
