@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/leaderelect/leader/cmd/leader/internal/redact"
 )
@@ -46,8 +47,9 @@ func (a *app) fail(cmd string, red *redact.Redactor, err error) int {
 	return exitFailure
 }
 
-// parse parses args for cmd with fs. When withCommand is set, args must end
-// with "-- CMD [ARGS...]", which is returned. ok is false when the caller
+// parse parses args for cmd with fs, and refuses a duration flag that is
+// not positive. When withCommand is set, args must end with
+// "-- CMD [ARGS...]", which is returned. ok is false when the caller
 // must return code at once: after -h (code 0) or a usage error (code 2, the
 // message printed).
 func (a *app) parse(cmd *command, fs *flag.FlagSet, args []string, withCommand bool) (command []string, code int, ok bool) {
@@ -65,6 +67,9 @@ func (a *app) parse(cmd *command, fs *flag.FlagSet, args []string, withCommand b
 		}
 		return nil, a.fail(cmd.name, nil, usagef("%s", flagError(err))), false
 	}
+	if err := checkDurations(fs); err != nil {
+		return nil, a.fail(cmd.name, nil, err), false
+	}
 	extra := fs.Args()
 	switch {
 	case withCommand && dash < 0 && len(extra) > 0:
@@ -77,6 +82,23 @@ func (a *app) parse(cmd *command, fs *flag.FlagSet, args []string, withCommand b
 		return nil, a.fail(cmd.name, nil, usagef("unexpected argument %q", extra[0])), false
 	}
 	return command, exitOK, true
+}
+
+// checkDurations refuses a duration flag given on the command line as zero
+// or less. Every duration flag is a length of time that must pass; none
+// takes zero to mean its default, which help shows instead.
+func checkDurations(fs *flag.FlagSet) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		g, ok := f.Value.(flag.Getter)
+		if !ok || err != nil {
+			return
+		}
+		if d, ok := g.Get().(time.Duration); ok && d <= 0 {
+			err = usagef("--%s must be positive, got %v", f.Name, d)
+		}
+	})
+	return err
 }
 
 // flagError rewrites the flag package's messages to name flags as the help
@@ -99,9 +121,49 @@ type commonOptions struct {
 }
 
 func (c *commonOptions) register(fs *flag.FlagSet, defaultLevel string) {
-	fs.StringVar(&c.store, "store", "", "the store's `URL`: postgres://… (or postgresql://…), or file:///dir for the embedded\nsingle-host store (default: $"+envStore+", else the embedded store in "+defaultStoreDirHelp+")")
+	fs.StringVar(&c.store, "store", "", "the store's `URL`: postgres://… (or postgresql://…), or file:///dir for the embedded\nsingle-host store")
+	describeDefault(fs, "store", "$"+envStore+", else the embedded store in "+defaultStoreDirHelp)
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&c.logLevel, "log-level", defaultLevel, "log level: debug, info, warn or error")
+}
+
+// requiredString is a string flag with no default: help says "(required)"
+// where other flags show their default. The subcommands check that it was
+// given, each with a message of its own.
+type requiredString string
+
+// String returns the flag's value, "" until it is given.
+func (s *requiredString) String() string {
+	if s == nil {
+		return ""
+	}
+	return string(*s)
+}
+
+// Set stores the value given on the command line.
+func (s *requiredString) Set(v string) error {
+	*s = requiredString(v)
+	return nil
+}
+
+// describeDefault sets the default that help shows for the flag name of fs,
+// for a flag whose zero value stands for something else: a value computed
+// from other flags or found at run time.
+func describeDefault(fs *flag.FlagSet, name, text string) {
+	fs.Lookup(name).DefValue = text
+}
+
+// defaultNote is how help shows f's default: "(required)" for a flag that
+// has none, "(default: none)" for an empty string, else the default as text
+// (false for a boolean, 2m0s for a duration).
+func defaultNote(f *flag.Flag) string {
+	if _, ok := f.Value.(*requiredString); ok {
+		return "(required)"
+	}
+	if f.DefValue == "" {
+		return "(default: none)"
+	}
+	return "(default: " + f.DefValue + ")"
 }
 
 // storeURL returns the store named by --store, else by $LEADER_STORE, else
@@ -131,7 +193,8 @@ func (c *commonOptions) logger(w io.Writer, red *redact.Redactor) (*slog.Logger,
 	}
 }
 
-// printCommandUsage writes cmd's help: synopsis, description, flags.
+// printCommandUsage writes cmd's help: synopsis, description, and every
+// flag with its default.
 func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
 	fmt.Fprintf(w, "Usage: %s\n\n%s\n", cmd.synopsis, strings.TrimSpace(cmd.help))
 	var b strings.Builder
@@ -145,9 +208,7 @@ func printCommandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
 		for line := range strings.SplitSeq(usage, "\n") {
 			fmt.Fprintf(&b, "        %s\n", line)
 		}
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0s" {
-			fmt.Fprintf(&b, "        (default %s)\n", f.DefValue)
-		}
+		fmt.Fprintf(&b, "        %s\n", defaultNote(f))
 	})
 	if b.Len() > 0 {
 		fmt.Fprintf(w, "\nFlags:\n%s", b.String())

@@ -68,7 +68,8 @@ type demoOptions struct {
 
 func (o *demoOptions) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.StringVar(&o.store, "store", "", "the store's `URL` (default: the embedded store in a fresh temporary directory;\n$"+envStore+" is not read)")
+	fs.StringVar(&o.store, "store", "", "the store's `URL`")
+	describeDefault(fs, "store", "the embedded store in a fresh temporary directory ($"+envStore+" is not read)")
 	registerStrategy(fs, &o.strategy, "the candidates' PostgreSQL strategy: lease or advisory (see \"leader run -h\")")
 	fs.DurationVar(&o.ttl, "ttl", 2*time.Second, "the candidates' lease TTL")
 	return fs

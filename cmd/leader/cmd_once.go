@@ -27,9 +27,10 @@ import (
 const defaultWindow = 2 * time.Minute
 
 var onceCommand = &command{
-	name:     "once",
-	synopsis: "leader once --name NAME [--window D] [flags] -- CMD [ARGS...]",
-	summary:  "run a command on one host per firing (for crontabs installed on every host)",
+	name:        "once",
+	synopsis:    "leader once --name NAME [--window D] [flags] -- CMD [ARGS...]",
+	summary:     "run a command on one host per firing (for crontabs installed on every host)",
+	runsCommand: true,
 	help: `
 For a crontab installed on every host: at most one host runs CMD for each
 firing, even when the hosts' cron daemons and clocks fire up to a minute
@@ -89,10 +90,12 @@ type onceOptions struct {
 
 func (o *onceOptions) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("once", flag.ContinueOnError)
-	fs.StringVar(&o.name, "name", "", "the election `NAME`: one per job (required)")
-	fs.StringVar(&o.id, "id", "", "this host's `ID`, shown by status while it runs (default <hostname>-<pid>)")
+	fs.Var((*requiredString)(&o.name), "name", "the election `NAME`: one per job")
+	fs.StringVar(&o.id, "id", "", "this host's `ID`, shown by status while it runs")
+	describeDefault(fs, "id", "<hostname>-<pid>")
 	fs.DurationVar(&o.window, "window", defaultWindow, "how long the lease is held after a run starts and after it ends")
-	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when CMD must stop (default --window/5 minus a kill margin)")
+	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when CMD must stop")
+	describeDefault(fs, "grace", fmt.Sprintf("--window/5 minus a kill margin: %v for the default --window", defaultGrace(defaultWindow)))
 	registerStrategy(fs, &o.strategy, "PostgreSQL strategy: lease only (advisory is refused: its lock would be freed when \"leader once\"\nexits, so the window after a run could not hold)")
 	o.commonOptions.register(fs, "warn")
 	return fs
@@ -120,9 +123,6 @@ func runOnceCommand(a *app, ctx context.Context, args []string) int {
 	}
 	if o.name == "" {
 		return fail(usagef("missing --name: the job's election name"))
-	}
-	if o.grace < 0 {
-		return fail(usagef("--grace %v: must not be negative", o.grace))
 	}
 	if o.id == "" {
 		host, _ := os.Hostname()

@@ -22,9 +22,10 @@ import (
 )
 
 var runCommand = &command{
-	name:     "run",
-	synopsis: "leader run --name NAME [flags] -- CMD [ARGS...]",
-	summary:  "run a command only while this instance leads the election",
+	name:        "run",
+	synopsis:    "leader run --name NAME [flags] -- CMD [ARGS...]",
+	summary:     "run a command only while this instance leads the election",
+	runsCommand: true,
 	help: `
 Campaigns in the election NAME and, while this instance leads, runs CMD with
 LEADER_NAME, LEADER_ID, LEADER_TERM (the fencing term, which grows with every
@@ -98,12 +99,15 @@ type runOptions struct {
 
 func (o *runOptions) flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.StringVar(&o.name, "name", "", "the election `NAME`: instances with one name on one store elect one leader (required)")
-	fs.StringVar(&o.id, "id", "", "this instance's `ID`, shown as the leader by status (default <hostname>-<pid>)")
+	fs.Var((*requiredString)(&o.name), "name", "the election `NAME`: instances with one name on one store elect one leader")
+	fs.StringVar(&o.id, "id", "", "this instance's `ID`, shown as the leader by status")
+	describeDefault(fs, "id", "<hostname>-<pid>")
 	fs.DurationVar(&o.ttl, "ttl", leader.DefaultTTL, fmt.Sprintf("lease length: a crashed leader is replaced within about this long (%v to %v)", leader.MinTTL, leader.MaxTTL))
-	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when the command must stop; at most about\nTTL×0.28 minus a kill margin (default TTL/5 minus the kill margin: 2.75s for the default TTL)")
+	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when the command must stop; at most about\nTTL×0.28 minus a kill margin")
+	describeDefault(fs, "grace", fmt.Sprintf("TTL/5 minus the kill margin: %v for the default --ttl", defaultGrace(leader.DefaultTTL)))
 	fs.StringVar(&o.restart, "restart", restartNever, "when the command exits on its own: never, on-failure or always")
 	fs.StringVar(&o.http, "http", "", "serve /healthz, /leader and /metrics on `ADDR` (a bare :PORT listens on 127.0.0.1)")
+	describeDefault(fs, "http", "no HTTP server")
 	registerStrategy(fs, &o.strategy, "PostgreSQL strategy: lease or advisory (see above); every candidate of an election,\nand status and watch, must use the same")
 	o.commonOptions.register(fs, "info")
 	return fs
@@ -149,9 +153,6 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	case restartNever, restartOnFailure, restartAlways:
 	default:
 		return fail(usagef("--restart %q: want never, on-failure or always", o.restart))
-	}
-	if o.grace < 0 {
-		return fail(usagef("--grace %v: must not be negative", o.grace))
 	}
 	httpAddr, err := listenAddr(o.http)
 	if err != nil {

@@ -77,7 +77,7 @@ type statusOptions struct {
 
 func (o *statusOptions) flags(cmd string) *flag.FlagSet {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.StringVar(&o.name, "name", "", "the election `NAME` (required)")
+	fs.Var((*requiredString)(&o.name), "name", "the election `NAME`")
 	fs.BoolVar(&o.json, "json", false, "print JSON")
 	registerStrategy(fs, &o.strategy, "the PostgreSQL strategy the election's candidates use: lease or advisory (each keeps its own\n"+
 		"records: with the wrong one, the election shows no leader)")
@@ -103,9 +103,6 @@ func (o *statusOptions) setup(a *app, ctx context.Context, cmd *command, args []
 	}
 	if o.name == "" {
 		return nil, nil, nil, fail(usagef("missing --name: the election to show")), false
-	}
-	if o.interval < 0 {
-		return nil, nil, nil, fail(usagef("--poll %v: must not be negative", o.interval)), false
 	}
 	spec, err := parseStoreURL(rawStore)
 	if err != nil {
@@ -329,7 +326,7 @@ func runWatch(a *app, ctx context.Context, args []string) int {
 		next := o.interval
 		if lease.Held() {
 			next = lease.Remaining + 5*time.Millisecond
-			if wake == nil && o.interval > 0 {
+			if wake == nil {
 				next = min(next, o.interval)
 			}
 		}

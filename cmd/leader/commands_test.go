@@ -5,6 +5,8 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -176,6 +178,8 @@ func TestUsageErrors(t *testing.T) {
 		{"command without --", []string{"run", "--name", "x", "echo", "hi"}, `put "--" before the command`},
 		{"bad restart", []string{"run", "--name", "x", "--restart", "sometimes", "--", "true"}, "--restart"},
 		{"bad duration", []string{"run", "--name", "x", "--ttl", "soon", "--", "true"}, "--ttl"},
+		{"zero TTL", []string{"run", "--name", "x", "--ttl", "0s", "--", "true"}, "leader run: --ttl must be positive, got 0s"},
+		{"zero grace", []string{"run", "--name", "x", "--grace", "0s", "--", "true"}, "leader run: --grace must be positive, got 0s"},
 		{"TTL too short", []string{"run", "--name", "x", "--ttl", "100ms", "--", "true"}, "--ttl 100ms must be at least"},
 		{"grace too long for TTL", []string{"run", "--name", "x", "--ttl", "15s", "--grace", "10s", "--", "true"}, "--grace 10s is too long for --ttl 15s"},
 		{"unknown strategy", []string{"run", "--store", "postgres://u:pw@127.0.0.1:1/db", "--strategy", "paxos", "--name", "x", "--", "true"}, `--strategy "paxos": want lease or advisory`},
@@ -190,6 +194,8 @@ func TestUsageErrors(t *testing.T) {
 		{"status with an argument", []string{"status", "--name", "x", "extra"}, `unexpected argument "extra"`},
 		{"once without command", []string{"once", "--name", "x"}, "missing the command"},
 		{"once window too short", []string{"once", "--name", "x", "--window", "10ms", "--", "true"}, "--window 10ms"},
+		{"completion without a shell", []string{"completion"}, "missing the shell: want bash, zsh or fish"},
+		{"completion for an unknown shell", []string{"completion", "tcsh"}, `unknown shell "tcsh": want bash, zsh or fish`},
 		{"help for an unknown command", []string{"help", "nope"}, `unknown command "nope"`},
 		{"bad http address", []string{"run", "--name", "x", "--http", "a:b:c", "--", "true"}, "--http"},
 	}
@@ -206,6 +212,64 @@ func TestUsageErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Every duration flag of every subcommand refuses zero and negative
+// values with a usage error that names the flag, before anything else is
+// checked; none takes zero to mean its default.
+func TestDurationFlagsMustBePositive(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range commands {
+		if cmd.hidden {
+			continue
+		}
+		cmd.flags().VisitAll(func(f *flag.Flag) {
+			if !isDurationFlag(f) {
+				return
+			}
+			for _, value := range []string{"0", "0s", "-1s"} {
+				t.Run(cmd.name+" --"+f.Name+" "+value, func(t *testing.T) {
+					t.Parallel()
+					e := newEnv(t)
+					_, stderr, code := e.run(cmd.name, "--"+f.Name, value)
+					if code != exitUsage {
+						t.Errorf("exit code %d, want %d\n%s", code, exitUsage, stderr)
+					}
+					d, _ := time.ParseDuration(value)
+					want := fmt.Sprintf("leader %s: --%s must be positive, got %v\n", cmd.name, f.Name, d)
+					if !strings.HasPrefix(stderr, want) {
+						t.Errorf("stderr does not start with %q:\n%s", want, stderr)
+					}
+				})
+			}
+		})
+	}
+}
+
+// The default of every duration flag is positive too, or, where it is
+// computed from other flags, described in words.
+func TestDurationFlagDefaultsArePositive(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range commands {
+		cmd.flags().VisitAll(func(f *flag.Flag) {
+			if !isDurationFlag(f) {
+				return
+			}
+			if d, err := time.ParseDuration(f.DefValue); err == nil && d <= 0 {
+				t.Errorf("%s --%s: default %v", cmd.name, f.Name, d)
+			}
+		})
+	}
+}
+
+// isDurationFlag tells whether f takes a time.Duration.
+func isDurationFlag(f *flag.Flag) bool {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return false
+	}
+	_, ok = g.Get().(time.Duration)
+	return ok
 }
 
 // With --strategy advisory on PostgreSQL, the flags are accepted and the
@@ -235,7 +299,12 @@ func TestHelp(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "leader run") || !strings.Contains(out, "Exit codes") {
 		t.Errorf("help: exit %d\n%s", code, out)
 	}
-	for _, cmd := range []string{"run", "once", "status", "watch", "migrate", "demo"} {
+	for _, cmd := range commands {
+		if !cmd.hidden && !strings.Contains(out, "\n  leader "+cmd.name+" ") {
+			t.Errorf("help does not list %s", cmd.name)
+		}
+	}
+	for _, cmd := range []string{"run", "once", "status", "watch", "migrate", "demo", "version", "completion"} {
 		out, _, code := e.run(cmd, "-h")
 		if code != 0 || !strings.Contains(out, "Usage: leader "+cmd) {
 			t.Errorf("%s -h: exit %d\n%s", cmd, code, out)

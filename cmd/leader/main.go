@@ -36,6 +36,8 @@ func dispatch(args []string) int {
 	switch name {
 	case "help", "-h", "-help", "--help":
 		return a.help(rest)
+	case "--version", "-version":
+		return runVersion(a, context.Background(), rest)
 	}
 	cmd := lookupCommand(name)
 	if cmd == nil {
@@ -77,6 +79,12 @@ type command struct {
 	summary  string // for "leader help"
 	help     string // the long description, after the synopsis
 	hidden   bool
+	// runsCommand is set when it takes "-- CMD [ARGS...]" after its flags:
+	// shell completion then completes CMD as a command.
+	runsCommand bool
+	// args lists the words its one positional argument may be, for shell
+	// completion; nil when it takes none.
+	args []string
 	// flags returns the subcommand's flags, bound to fresh options; help
 	// uses it to list them.
 	flags func() *flag.FlagSet
@@ -88,7 +96,7 @@ type command struct {
 var commands []*command
 
 func init() {
-	commands = []*command{runCommand, onceCommand, statusCommand, watchCommand, migrateCommand, demoCommand, demoChildCommand}
+	commands = []*command{runCommand, onceCommand, statusCommand, watchCommand, migrateCommand, demoCommand, versionCommand, completionCommand, demoChildCommand}
 }
 
 func lookupCommand(name string) *command {

@@ -14,6 +14,8 @@ Usage:
   leader watch   --name NAME [--json]                   print a line each time the leader changes
   leader migrate                                        create or update the PostgreSQL schema
   leader demo    [--store URL]                          watch a failover and a handover, live
+  leader version                                        this binary's version and Go version (also --version)
+  leader completion bash|zsh|fish                       print a shell completion script
   leader help    [COMMAND]                              this text, or a command's
 
 Stores (--store URL, or $LEADER_STORE):
@@ -35,10 +37,15 @@ Logs go to stderr through slog: --log-format text (default) or json,
 Exit codes:
   0        success
   1        runtime error (for example the store cannot be opened)
-  2        usage error: unknown command, bad flag, missing --name or command,
-           or --strategy advisory on a server that cannot serve it
+  2        usage error: unknown command, bad flag, a duration flag that is not
+           positive, missing --name or command, or --strategy advisory on a
+           server that cannot serve it
   N        run/once: the command's own exit code; 128+N if signal N ended it;
            126/127 if it could not be executed / was not found
 
-Run "leader help COMMAND" or "leader COMMAND -h" for a command's flags.
+Every duration flag (--ttl, --grace, --window, --poll) takes a positive
+Go duration such as 500ms, 15s or 2m; zero or less is refused (exit code 2).
+
+Run "leader help COMMAND" or "leader COMMAND -h" for a command's flags and
+their defaults.
 `
