@@ -25,7 +25,7 @@ const (
 
 	roleCandidate = "candidate"
 	roleIdle      = "idle"
-	// roleScaleNames and roleScaleProc: see scale.go.
+	// roleScaleNames and roleScaleProc: see scale_names.go and scale_procs.go.
 	roleScaleNames = "scale-names"
 	roleScaleProc  = "scale-proc"
 )

@@ -122,7 +122,7 @@ func (s *countedStream) SendMsg(m any) error {
 }
 
 // Substrings that tell the lease store's statements apart (see
-// postgres/store.go): a round of renewals is one UPDATE ... FROM unnest(...),
+// postgres/store_sql.go): a round of renewals is one UPDATE ... FROM unnest(...),
 // an acquire is an INSERT ... ON CONFLICT in a CTE named granted, a release
 // an UPDATE in a CTE named released.
 const (

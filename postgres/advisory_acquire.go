@@ -1,0 +1,423 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/wallclock"
+)
+
+// Acquire implements leader.Store. It takes the lock for name on the
+// candidate's session (opening it if needed) and bumps the term in the same
+// statement; for the holder it bumps the term only. When it grants nothing
+// it reports the holder and how long the holder's session would last
+// without another heartbeat. A candidate that calls while another
+// candidate of the same name on this store is trying waits for that
+// attempt; once one that began after its call has ended with the lease
+// held, it is refused with that outcome, without a statement of its own.
+func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	const op = "acquire"
+	if err := checkTTL(op, name, ttl); err != nil {
+		return leader.Lease{}, false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return leader.Lease{}, false, fmt.Errorf("postgres: %s: %w", call(op, name), err)
+	}
+	called := time.Now()
+	for {
+		ss, err := s.session(name, c.Token)
+		if err != nil {
+			return leader.Lease{}, false, err
+		}
+		var f *flight
+		if !ss.isHeld() {
+			var lead bool
+			if f, lead = s.flight(name); !lead {
+				select {
+				case <-f.done:
+				case <-ctx.Done():
+					return leader.Lease{}, false, fmt.Errorf("postgres: %s: %w", call(op, name), ctx.Err())
+				}
+				if l, ok := f.refusal(called); ok {
+					return l, false, nil
+				}
+				continue
+			}
+		}
+		var (
+			l                 leader.Lease
+			granted, announce bool
+		)
+		err = ss.do(ctx, s, true, func(conn *pgx.Conn) error {
+			l, granted, announce, err = s.acquireOn(ctx, ss, conn, name, c, ttl)
+			return err
+		})
+		s.land(f, l, err)
+		switch {
+		case errors.Is(err, errSessionGone):
+			continue // reaped while we waited for it: a new one
+		case err != nil:
+			return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
+		}
+		if announce {
+			s.notifyLater(ss, l.Term, false)
+		}
+		return l, granted, nil
+	}
+}
+
+// A flight is one candidate's attempt at a name, which the store's other
+// candidates of the name that call Acquire meanwhile wait for and share
+// instead of each sending its own: with many followers of a name in one
+// process, a release would otherwise have them all send a grant statement
+// at once, each on a session of its own, and the winner's would be one of
+// many on a busy server.
+type flight struct {
+	name   string
+	began  time.Time
+	done   chan struct{} // closed when the attempt has ended
+	lease  leader.Lease  // what the attempt saw, or granted
+	landed time.Time     // when it ended
+	err    error
+}
+
+// flight returns name's flight in progress, or starts one that the caller
+// leads (lead), which it must end with land.
+func (s *AdvisoryStore) flight(name string) (f *flight, lead bool) {
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	if f := s.flights[name]; f != nil {
+		return f, false
+	}
+	f = &flight{name: name, began: time.Now(), done: make(chan struct{})}
+	s.flights[name] = f
+	return f, true
+}
+
+// land ends f (nil if the caller led none) with the attempt's outcome.
+func (s *AdvisoryStore) land(f *flight, l leader.Lease, err error) {
+	if f == nil {
+		return
+	}
+	s.smu.Lock()
+	delete(s.flights, f.name)
+	s.smu.Unlock()
+	f.lease, f.err, f.landed = l, err, time.Now()
+	close(f.done)
+}
+
+// refusal returns, for a candidate that called Acquire at called, the
+// refusal that f's outcome means for it, if it means one: f began after
+// the call, so what f saw is an answer to the call too, and f ended with
+// the lease held (by f's candidate or by another). Its Remaining is as of
+// now. Otherwise the candidate must try for itself.
+func (f *flight) refusal(called time.Time) (leader.Lease, bool) {
+	if f.err != nil || f.began.Before(called) || !f.lease.Held() {
+		return leader.Lease{}, false
+	}
+	l := f.lease
+	l.Remaining -= time.Since(f.landed)
+	if l.Remaining <= 0 {
+		return leader.Lease{}, false
+	}
+	return l, true
+}
+
+// acquireOn runs the grant (or re-grant) on the session's connection; the
+// caller holds the session's turn. It reports whether the lease was
+// granted, and whether the grant is still to be announced (see
+// notifyLater): a re-grant announces itself.
+func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Conn, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, bool, error) {
+	iv, ms, idle, every := ttlSettings(ttl)
+	hi, lo := keyHalves(ss.key)
+	if ss.isHeld() {
+		var (
+			term       int64
+			acquiredAt time.Time
+			n          int64
+		)
+		err := conn.QueryRow(ctx, s.sql.regrant, name, c.Token, c.ID, iv, ms, idle, every, s.opts.Channel, hi, lo).
+			Scan(&term, &acquiredAt, &n)
+		switch {
+		case err == nil:
+			ss.grant(uint64(term), c.ID)
+			return leader.Lease{Name: name, HolderID: c.ID, Term: uint64(term), AcquiredAt: acquiredAt,
+				ExpiresAt: acquiredAt.Add(ttl), Remaining: ttl}, true, false, nil
+		case errors.Is(err, pgx.ErrNoRows):
+			// The session no longer holds the row or the lock (someone
+			// changed the row by hand?): close it, freeing whatever it
+			// holds; the next attempt starts afresh.
+			return leader.Lease{}, false, false, errors.Join(errSessionReset, errNotHeld)
+		default:
+			return leader.Lease{}, false, false, err
+		}
+	}
+	// A refusal is reported as the lease stood when the statement began. If
+	// that view is not settled, look again: another candidate has taken the
+	// lock but its statement has not committed the row yet (locked but not
+	// held), a release has cleared the row but not yet unlocked, or no one
+	// holds the lock and the attempt lost only to lock waiters' shared
+	// locks. Lock waiters hold the lock shared only for a holder without
+	// its mark (see AdvisoryStore, Wake-ups), and let it go within their
+	// statement, but on a busy server that takes a few milliseconds: the
+	// first time, queue for the lock behind them instead of polling (see
+	// queue).
+	//
+	// The first attempts are quick (grantQuick): a refused candidate is
+	// settled if the row names a holder whose backend holds its mark, and
+	// that this store's lock waiter has not just seen go; it reads neither
+	// the server's lock view nor its whole activity view, which would slow
+	// the winner's statement beside it. The later attempts read the lease
+	// as Observe does, and tell a lock held by lock waiters alone (see
+	// queue) from one held by a candidate.
+	//
+	// Between attempts, a candidate waits for the next event of the name
+	// that this store hears of, or for settleWait. Each unsettled state
+	// ends with one: a grant with its notification (see notifyLater); a
+	// release, and a holder's lock that outlasts its mark, with the lock
+	// waiter's wake-up once the lock is free. Candidates that looked again
+	// every millisecond instead were, on a busy server, what slowed the
+	// grant they were waiting for.
+	queued := false
+	var events <-chan struct{} // the name's events, from the first wait on
+	for attempt := 0; ; attempt++ {
+		stmt := s.sql.grant
+		if attempt < quickAttempts {
+			stmt = s.sql.grantQuick
+		}
+		r, err := s.grantOn(ctx, conn, ss, name, c, stmt, iv, ms, idle, every, hi, lo)
+		if err != nil {
+			// The statement may have taken the lock before it failed, and
+			// a session lock outlives the failed transaction: close the
+			// session, which frees it.
+			return leader.Lease{}, false, false, errors.Join(errSessionReset, err)
+		}
+		if !r.got && !r.locked && !queued {
+			queued = true
+			took, err := s.queue(ctx, conn, ss.key)
+			if err != nil {
+				return leader.Lease{}, false, false, err
+			}
+			if took {
+				// Holding the lock, in a statement of its own: its snapshot
+				// shows the row as the last holder left it.
+				if r, err = s.grantOn(ctx, conn, ss, name, c, s.sql.grantLocked, iv, ms, idle, every, hi, lo); err != nil {
+					return leader.Lease{}, false, false, errors.Join(errSessionReset, err)
+				}
+				if !r.got {
+					return leader.Lease{}, false, false, errors.Join(errSessionReset, errors.New("the lock, taken, is not held"))
+				}
+			}
+		}
+		if r.granted() && !r.marked {
+			s.log.Debug("holding the lock without its mark: another session holds the two-int4 advisory lock of the same keys",
+				slog.String("election", name))
+		}
+		if r.granted() && r.unreleased {
+			// Taken from a holder whose session ended without a release:
+			// give it TakeoverGrace to see that too and step down.
+			if err := sleepCtx(ctx, s.graceLeft(name, r.previousPID)); err != nil {
+				return leader.Lease{}, false, false, errors.Join(errSessionReset, err)
+			}
+		}
+		if r.granted() || (r.held && !s.lingering(name, r.previousPID)) || attempt == settleAttempts {
+			return r.lease(name, c.ID, ttl), r.granted(), r.granted(), nil
+		}
+		if events == nil {
+			var unsubscribe func()
+			events, unsubscribe = s.wakeups.subscribe(name, watchAll)
+			defer unsubscribe()
+		}
+		if err := awaitEvent(ctx, events, s.settleWait); err != nil {
+			return leader.Lease{}, false, false, err
+		}
+	}
+}
+
+// graceLeft returns how much of TakeoverGrace is still to pass before a
+// grant that took name's lock from its holder of backend pid, which left
+// without a release, may be reported. The grace is counted from when
+// name's lock waiter saw that holder's mark freed, if it did so within the
+// grace, and from now otherwise. The server frees a session's locks as the
+// session ends, so the grace is never counted from before the end.
+func (s *AdvisoryStore) graceLeft(name string, pid *int32) time.Duration {
+	grace := s.opts.TakeoverGrace
+	if pid == nil {
+		return grace
+	}
+	s.smu.Lock()
+	f, ok := s.freed[name]
+	s.smu.Unlock()
+	if !ok || f.pid != *pid {
+		return grace
+	}
+	if since := time.Since(f.at); since >= 0 && since < grace {
+		return grace - since
+	}
+	return grace
+}
+
+// lingering reports whether name's lock waiter saw the mark of the holder
+// of backend pid freed within lingerFor: a session that ends frees its
+// locks one lock partition after another, so a candidate that finds the
+// lock held by that backend still is to look again, not to be refused for
+// the rest of the lease.
+func (s *AdvisoryStore) lingering(name string, pid *int32) bool {
+	if pid == nil {
+		return false
+	}
+	s.smu.Lock()
+	f, ok := s.freed[name]
+	s.smu.Unlock()
+	return ok && f.pid == *pid && time.Since(f.at) < lingerFor
+}
+
+// freeing is when a lock waiter saw the holder of backend pid free a
+// lock (see graceLeft).
+type freeing struct {
+	pid int32
+	at  time.Time
+}
+
+// sleepCtx waits for d or until ctx ends, returning ctx.Err() then.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timer.C:
+		return nil
+	}
+}
+
+// settleAttempts bounds how often acquireOn tries when the lease's state is
+// not settled; it waits for at most settleWait between two attempts (see
+// acquireOn), so for at most about 100 ms in all. The first quickAttempts
+// of them read the row alone.
+const (
+	settleAttempts = 10
+	settleWait     = 10 * time.Millisecond
+	quickAttempts  = 3
+)
+
+// queueWait bounds how long a candidate waits in the lock's queue for lock
+// waiters to let go of it (see acquireOn). It is long enough for a busy
+// server to run the lock waiters' statements to their end, and short
+// enough that a candidate that lost to another one in the queue answers
+// soon.
+const queueWait = 100 * time.Millisecond
+
+// queue waits in the queue for the lock of key, on the session's
+// connection, for at most queueWait. It reports whether the session took
+// the lock; if it did not, the session holds nothing.
+func (s *AdvisoryStore) queue(ctx context.Context, conn *pgx.Conn, key int64) (bool, error) {
+	_, err := conn.Exec(ctx, s.sql.queue, key, strconv.FormatInt(queueWait.Milliseconds(), 10))
+	switch {
+	case err == nil:
+		return true, nil
+	case sqlState(err) == "55P03": // lock_not_available: the wait ran out
+		// A lock granted at the moment the wait ran out stays granted
+		// although the statement fails (PostgreSQL keeps a lock it was
+		// granted while handling the timeout, and a session lock outlives
+		// the failed transaction): ask the server which it was. Taking it
+		// for not granted would leave the session holding the lock
+		// unknown to the store, and the next grant on it would take it a
+		// second time, which its release would not undo.
+		hi, lo := keyHalves(key)
+		var held bool
+		if err := conn.QueryRow(ctx, s.sql.heldHere, hi, lo).Scan(&held); err != nil {
+			return false, errors.Join(errSessionReset, err)
+		}
+		return held, nil
+	default:
+		// Whether the lock was taken is unknown: close the session.
+		return false, errors.Join(errSessionReset, err)
+	}
+}
+
+// grantResult is what the grant statement reports.
+type grantResult struct {
+	got                       bool
+	term, curTerm             *int64
+	acquiredAt, curAcquiredAt *time.Time
+	other, curHolder          *string
+	held, locked              bool
+	remaining                 time.Duration
+	unreleased                bool   // the previous holder did not release
+	previousPID               *int32 // the previous holder's backend
+	marked                    bool   // the grant took the lock's mark too
+}
+
+func (r grantResult) granted() bool { return r.got && r.term != nil }
+
+// lease reports r as a leader.Lease: the grant to holderID for ttl, or the
+// lease as it stood.
+func (r grantResult) lease(name, holderID string, ttl time.Duration) leader.Lease {
+	if r.granted() {
+		return leader.Lease{Name: name, HolderID: holderID, Term: uint64(*r.term), AcquiredAt: *r.acquiredAt,
+			ExpiresAt: r.acquiredAt.Add(ttl), Remaining: ttl}
+	}
+	l := leader.Lease{Name: name}
+	if r.curTerm != nil {
+		l.Term = uint64(*r.curTerm)
+	}
+	if r.held && r.remaining > 0 && r.curHolder != nil && r.curAcquiredAt != nil {
+		l.HolderID, l.AcquiredAt, l.Remaining = *r.curHolder, *r.curAcquiredAt, r.remaining
+		l.ExpiresAt = wallclock.Now().Add(r.remaining) // for display; decisions use Remaining
+	}
+	return l
+}
+
+// grantOn runs a grant statement, stmt (grant or grantLocked), once on
+// conn, recording a grant in ss.
+func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate, stmt string,
+	iv time.Duration, ms, idle, every string, hi, lo int64) (grantResult, error) {
+	var (
+		r grantResult
+		n int64
+	)
+	err := conn.QueryRow(ctx, stmt, name, ss.key, c.Token, c.ID, iv, ms, idle, every, hi, lo).
+		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased, &r.previousPID, &r.marked)
+	if err != nil {
+		if sqlState(err) == "23505" { // unique_violation: the key, taken by another name at the same moment
+			return r, fmt.Errorf("advisory key %d of %q is used by another election name (raced for its first grant); give one of them another key with Options.Key: %w",
+				ss.key, name, err)
+		}
+		return r, err
+	}
+	if r.got && r.term == nil {
+		// Locked, but the key belongs to another name: let it go, and
+		// its mark.
+		var (
+			unlocked bool
+			n        int64
+		)
+		if err := conn.QueryRow(ctx, s.sql.unlock, ss.key).Scan(&unlocked, &n); err != nil || !unlocked {
+			return r, errors.Join(errSessionReset, err)
+		}
+		return r, fmt.Errorf("advisory key %d of %q is already used by election %q (a hash collision, or the same Options.Key given twice); give one of them another key with Options.Key, or delete the unused name's row from %s",
+			ss.key, name, deref(r.other), s.opts.qualifiedAdvisoryTable())
+	}
+	if r.granted() {
+		ss.grant(uint64(*r.term), c.ID)
+	}
+	return r, nil
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}

@@ -1,0 +1,128 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/leaderelect/leader"
+)
+
+// Release implements leader.Store. On the holder's session it clears the
+// row (keeping the term) in one statement and unlocks in a second, in one
+// round trip; the wake-up follows, once Release has their replies (see
+// advisoryStatements.releaseNotice). The session stays open for the next
+// campaign.
+func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term uint64) error {
+	const op = "release"
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("postgres: %s: %w", call(op, name), err)
+	}
+	lost := fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+	ss := s.heldSession(name, token, term)
+	if ss == nil {
+		return lost
+	}
+	err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {
+		if !ss.heldUnder(term) {
+			return errNotHeld
+		}
+		released, unlocked, err := s.releaseOn(ctx, conn, name, token, term, ss.key)
+		switch {
+		case err != nil:
+			// Whether the row was released and the lock freed is unknown:
+			// close the session, which frees the lock.
+			return errors.Join(errSessionReset, err)
+		case !released:
+			// The row no longer names this session (changed by hand?):
+			// close the session, freeing whatever it holds.
+			return errors.Join(errSessionReset, errNotHeld)
+		case !unlocked:
+			// The row said this session held it, but the lock was not
+			// there to unlock: close the session to be sure.
+			return errors.Join(errSessionReset, errNotHeld)
+		}
+		ss.release()
+		return nil
+	})
+	switch {
+	case err == nil:
+		s.notifyLater(ss, term, true)
+		return nil
+	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
+		return fmt.Errorf("%w: %w", lost, err)
+	case errors.Is(err, errSessionDropped) && endedByServer(err):
+		// The server ended the session (its idle_session_timeout at the
+		// lease's expiry, or pg_terminate_backend) before the session's
+		// reader saw its FATAL message: the lock went with it.
+		return fmt.Errorf("%w: %w", lost, err)
+	default:
+		return wrapError(ctx, call(op, name), err)
+	}
+}
+
+// endedByServer reports whether err carries the FATAL message with which
+// the server ends a session, freeing its locks.
+func endedByServer(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC")
+}
+
+// releaseOn runs the release's two statements on the holder's
+// connection, in one round trip: each is a transaction of its own, so the
+// row is free before the lock is (see advisoryStatements.release). The
+// unlock runs even if the first
+// statement failed or released nothing; the caller then closes the
+// session anyway.
+func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, token string, term uint64, key int64) (released, unlocked bool, err error) {
+	p := conn.PgConn().StartPipeline(ctx)
+	p.SendQueryParams(s.sql.release, [][]byte{[]byte(name), []byte(token), strconv.AppendUint(nil, term, 10)}, nil, nil, nil)
+	p.SendPipelineSync()
+	p.SendQueryParams(s.sql.unlock, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil, nil)
+	p.SendPipelineSync()
+	if err := p.Flush(); err != nil {
+		return false, false, errors.Join(err, p.Close())
+	}
+	first, err1 := pipelineRow(p)
+	second, err2 := pipelineRow(p)
+	if err := errors.Join(err1, err2, p.Close()); err != nil {
+		return false, false, err
+	}
+	if len(first) < 1 || len(second) < 1 {
+		return false, false, errors.New("release: a statement returned no value")
+	}
+	return string(first[0]) == "1", string(second[0]) == "t", nil
+}
+
+// pipelineRow reads the next statement's result and the sync after it
+// from p, and returns the statement's first row, as text.
+func pipelineRow(p *pgconn.Pipeline) ([][]byte, error) {
+	var row [][]byte
+	for {
+		res, err := p.GetResults()
+		if err != nil {
+			return nil, err
+		}
+		switch r := res.(type) {
+		case *pgconn.ResultReader:
+			for r.NextRow() {
+				if row == nil {
+					for _, v := range r.Values() {
+						row = append(row, append([]byte(nil), v...))
+					}
+				}
+			}
+			if _, err := r.Close(); err != nil {
+				return nil, err
+			}
+		case *pgconn.PipelineSync:
+			return row, nil
+		case nil:
+			return nil, errors.New("release: the pipeline ended early")
+		}
+	}
+}

@@ -1,0 +1,241 @@
+package postgres
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Default option values.
+const (
+	// DefaultSchema is the schema used when Options.Schema is empty.
+	DefaultSchema = "public"
+	// DefaultTable is the table used when Options.Table is empty.
+	DefaultTable = "leader_leases"
+	// DefaultAdvisoryTable is the table used when Options.AdvisoryTable is
+	// empty.
+	DefaultAdvisoryTable = "leader_advisory"
+	// DefaultMessageTable is the table used when Options.MessageTable is
+	// empty.
+	DefaultMessageTable = "leader_messages"
+	// DefaultHeartbeatTable is the table used when Options.HeartbeatTable
+	// is empty.
+	DefaultHeartbeatTable = "leader_heartbeats"
+	// DefaultTakeoverGrace is Options.TakeoverGrace when it is zero.
+	DefaultTakeoverGrace = 50 * time.Millisecond
+)
+
+// maxIdentifierLength is PostgreSQL's NAMEDATALEN-1. Longer identifiers are
+// silently truncated, so two different configured names could end up naming
+// one table; they are refused instead.
+const maxIdentifierLength = 63
+
+// Options configures the stores (LeaseStore, AdvisoryStore), the Router and
+// Migrate. The zero value is valid and uses the defaults. Every store and
+// Router must use the same Schema and table names as the Migrate call that
+// created their tables, and every store sharing a table must use the same
+// Channel.
+type Options struct {
+	// Schema is the schema of the tables. Default DefaultSchema
+	// ("public"). Migrate creates it if it does not exist. At most 63
+	// bytes; any valid UTF-8 but NUL (it is always quoted).
+	Schema string
+
+	// Table is the name of the lease table (the lease strategy). Default
+	// DefaultTable ("leader_leases"). At most 63 bytes; any characters (it
+	// is always quoted).
+	Table string
+
+	// AdvisoryTable is the name of the advisory strategy's term table.
+	// Default DefaultAdvisoryTable ("leader_advisory"). At most 63 bytes;
+	// any valid UTF-8 but NUL (it is always quoted).
+	AdvisoryTable string
+
+	// MessageTable is the name of the Router's table of durable messages.
+	// Default DefaultMessageTable ("leader_messages"). At most 63 bytes;
+	// any valid UTF-8 but NUL (it is always quoted).
+	MessageTable string
+
+	// HeartbeatTable is the name of the lease strategy's heartbeat table
+	// (see "Heartbeats" in the package documentation). Default
+	// DefaultHeartbeatTable ("leader_heartbeats"). At most 63 bytes; any
+	// valid UTF-8 but NUL (it is always quoted).
+	HeartbeatTable string
+
+	// Channel is the LISTEN/NOTIFY channel for the stores' wake-ups. The
+	// payload of a release is the election name ("~r" and the name, for a
+	// name that begins with '~'); that of a grant is "~g" and the name; a
+	// name too long for a payload is sent as the empty payload. Default "<schema>.<table>" (for
+	// example "public.leader_leases"), or, when that is longer than 63
+	// bytes, "leader_" followed by 16 hex digits of its SHA-256. At most 63
+	// bytes.
+	Channel string
+
+	// MessageChannel is the LISTEN/NOTIFY channel on which the Router
+	// announces durable messages to the leader (the payload is the
+	// Router's channel name). Default "<schema>.<message table>", shortened
+	// like Channel. At most 63 bytes.
+	MessageChannel string
+
+	// TakeoverGrace is how long an AdvisoryStore lets pass, after a lock
+	// whose previous holder left without a release was freed, before it
+	// reports its grant: the time the previous holder, if it is alive,
+	// has to learn that the server ended its session and step down (it
+	// learns from the same event, so it needs far less). It is counted
+	// from when the store's lock waiter saw the lock freed, if it did
+	// (which is after the server freed it), and otherwise from the grant.
+	// The advisory strategy only. Default DefaultTakeoverGrace (50ms); at
+	// least 0.
+	TakeoverGrace time.Duration
+
+	// Key returns the advisory lock key for an election name (the advisory
+	// strategy only). Default AdvisoryKey. Every AdvisoryStore on one
+	// database must use the same Key; see AdvisoryKey for the collision
+	// risk of the default.
+	Key func(name string) int64
+
+	// Logger receives the problems of the stores' wake-up listeners and
+	// lock waiters, and of Router.Serve (a warning when a connection is
+	// lost or a handler fails, debug on each failed retry, info when it is
+	// back). Default: discard.
+	Logger *slog.Logger
+}
+
+// OptionsError reports an Options field that breaks a rule. NewLeaseStore
+// and Migrate return it before touching the database.
+type OptionsError struct {
+	Field string // the Options field, for example "Table"
+	Rule  string // the rule broken, for example "must be at most 63 bytes"
+	Value string // the value given
+}
+
+// Error says which option breaks which rule, and its value.
+func (e *OptionsError) Error() string {
+	return fmt.Sprintf("postgres: invalid Options.%s %q: %s", e.Field, e.Value, e.Rule)
+}
+
+// withDefaults returns o with every zero field set to its default.
+func (o Options) withDefaults() Options {
+	if o.Schema == "" {
+		o.Schema = DefaultSchema
+	}
+	if o.Table == "" {
+		o.Table = DefaultTable
+	}
+	if o.AdvisoryTable == "" {
+		o.AdvisoryTable = DefaultAdvisoryTable
+	}
+	if o.MessageTable == "" {
+		o.MessageTable = DefaultMessageTable
+	}
+	if o.HeartbeatTable == "" {
+		o.HeartbeatTable = DefaultHeartbeatTable
+	}
+	if o.Channel == "" {
+		o.Channel = defaultChannel(o.Schema, o.Table)
+	}
+	if o.MessageChannel == "" {
+		o.MessageChannel = defaultChannel(o.Schema, o.MessageTable)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.TakeoverGrace == 0 {
+		o.TakeoverGrace = DefaultTakeoverGrace
+	}
+	return o
+}
+
+func defaultChannel(schema, table string) string {
+	return shortName(schema + "." + table)
+}
+
+// shortName returns s if PostgreSQL would keep it whole as an identifier,
+// and otherwise "leader_" followed by 16 hex digits of its SHA-256.
+func shortName(s string) string {
+	if len(s) <= maxIdentifierLength {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	return "leader_" + hex.EncodeToString(sum[:8])
+}
+
+// validate checks o, which has its defaults filled in.
+func (o Options) validate() error {
+	for _, f := range []struct{ field, value string }{
+		{"Schema", o.Schema},
+		{"Table", o.Table},
+		{"AdvisoryTable", o.AdvisoryTable},
+		{"MessageTable", o.MessageTable},
+		{"HeartbeatTable", o.HeartbeatTable},
+		{"Channel", o.Channel},
+		{"MessageChannel", o.MessageChannel},
+	} {
+		switch {
+		case len(f.value) > maxIdentifierLength:
+			return &OptionsError{Field: f.field, Value: f.value,
+				Rule: fmt.Sprintf("must be at most %d bytes (PostgreSQL truncates longer names), is %d", maxIdentifierLength, len(f.value))}
+		case strings.ContainsRune(f.value, 0):
+			return &OptionsError{Field: f.field, Value: f.value, Rule: "must not contain a NUL byte"}
+		case !utf8.ValidString(f.value):
+			return &OptionsError{Field: f.field, Value: f.value, Rule: "must be valid UTF-8"}
+		}
+	}
+	switch {
+	case o.AdvisoryTable == o.Table:
+		return &OptionsError{Field: "AdvisoryTable", Value: o.AdvisoryTable, Rule: "must differ from Table"}
+	case o.MessageTable == o.Table:
+		return &OptionsError{Field: "MessageTable", Value: o.MessageTable, Rule: "must differ from Table"}
+	case o.MessageTable == o.AdvisoryTable:
+		return &OptionsError{Field: "MessageTable", Value: o.MessageTable, Rule: "must differ from AdvisoryTable"}
+	case o.HeartbeatTable == o.Table || o.HeartbeatTable == o.AdvisoryTable || o.HeartbeatTable == o.MessageTable:
+		return &OptionsError{Field: "HeartbeatTable", Value: o.HeartbeatTable, Rule: "must differ from Table, AdvisoryTable and MessageTable"}
+	case o.MessageChannel == o.Channel:
+		return &OptionsError{Field: "MessageChannel", Value: o.MessageChannel, Rule: "must differ from Channel"}
+	}
+	if o.TakeoverGrace < 0 {
+		return &OptionsError{Field: "TakeoverGrace", Value: o.TakeoverGrace.String(), Rule: "must be at least 0"}
+	}
+	return nil
+}
+
+// qualifiedTable returns the quoted, schema-qualified lease table name.
+func (o Options) qualifiedTable() string {
+	return pgx.Identifier{o.Schema, o.Table}.Sanitize()
+}
+
+// qualifiedAdvisoryTable returns the quoted, schema-qualified name of the
+// advisory strategy's table.
+func (o Options) qualifiedAdvisoryTable() string {
+	return pgx.Identifier{o.Schema, o.AdvisoryTable}.Sanitize()
+}
+
+// qualifiedMessageTable returns the quoted, schema-qualified name of the
+// Router's message table.
+func (o Options) qualifiedMessageTable() string {
+	return pgx.Identifier{o.Schema, o.MessageTable}.Sanitize()
+}
+
+// qualifiedHeartbeatTable returns the quoted, schema-qualified name of the
+// lease strategy's heartbeat table.
+func (o Options) qualifiedHeartbeatTable() string {
+	return pgx.Identifier{o.Schema, o.HeartbeatTable}.Sanitize()
+}
+
+// heartbeatIndex returns the quoted name of the lease table's index on its
+// heartbeat column, which lives in the table's schema.
+func (o Options) heartbeatIndex() string {
+	return pgx.Identifier{shortName(o.Table + "_heartbeat")}.Sanitize()
+}
+
+// messageIndex returns the quoted name of the message table's (channel, id)
+// index, which lives in the table's schema.
+func (o Options) messageIndex() string {
+	return pgx.Identifier{shortName(o.MessageTable + "_channel_id")}.Sanitize()
+}

@@ -1,0 +1,144 @@
+package postgres
+
+import "fmt"
+
+// maxPayloadLength bounds a NOTIFY payload (PostgreSQL refuses 8000 bytes
+// or more). A longer election name is sent as an empty payload, which wakes
+// every watcher of the store.
+const maxPayloadLength = MaxNotifyPayloadLen
+
+// statements are the store's SQL, with the table name filled in.
+type statements struct {
+	acquire, renewBatch, release, observe string
+}
+
+// expiry returns the SQL expression for when the lease of row l runs out,
+// with hb the quoted heartbeat table: its own expires_at, or, for a lease
+// under a heartbeat, the heartbeat's expiry while it is not dead
+// ('-infinity' once it is dead or gone).
+func expiry(hb string) string {
+	return fmt.Sprintf(`(CASE WHEN l.heartbeat IS NULL THEN l.expires_at
+		ELSE coalesce((SELECT h.expires_at FROM %s AS h WHERE h.id = l.heartbeat AND NOT h.dead), '-infinity') END)`, hb)
+}
+
+// heldAt returns the SQL condition for a row of l that has a holder at
+// now, with hb the quoted heartbeat table.
+func heldAt(hb, now string) string {
+	return fmt.Sprintf(`(l.holder_token IS NOT NULL AND %s > %s)`, expiry(hb), now)
+}
+
+// releasePayload and grantPayload are the SQL expressions for the NOTIFY
+// payloads of a release and of a grant of row name (see parsePayload).
+var (
+	releasePayload = fmt.Sprintf(`CASE WHEN octet_length(name) > %d THEN ''
+		WHEN left(name, 1) = '~' THEN '%s' || name ELSE name END`, maxPayloadLength-len(payloadRelease), payloadRelease)
+	grantPayload = fmt.Sprintf(`CASE WHEN octet_length(name) > %d THEN '' ELSE '%s' || name END`,
+		maxPayloadLength-len(payloadGrant), payloadGrant)
+)
+
+func newStatements(opts Options) statements {
+	table, hb := opts.qualifiedTable(), opts.qualifiedHeartbeatTable()
+	return statements{
+		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel.
+		//
+		// "granted" inserts the row or takes it over where it is free,
+		// held by the same token, or expired: its own expiry passed, or
+		// the heartbeat it is under was found expired by "killed", which
+		// marks that heartbeat dead in the same statement so that it can
+		// never be renewed again (see "Heartbeats" in the package
+		// documentation). ON CONFLICT locks the row and judges it as it
+		// stands after any concurrent transaction committed; "killed"
+		// judges the heartbeat the same way, as an UPDATE. A grant's
+		// lease is under no heartbeat. "notified" sends the wake-up for a
+		// grant, and "durable" makes its commit durable (durableCommit).
+		// When nothing was granted, "existing" reports the row, locked FOR
+		// UPDATE so that it too is the row as it stands and not as it was
+		// when the statement began. ("existing" is read only in that case:
+		// the second branch runs only if "granted" is empty.) Its
+		// heartbeat is read as the statement's snapshot has it, without a
+		// lock: every statement locks a heartbeat before a lease row, never
+		// after, so that none of them deadlock. A renewal of it that
+		// committed meanwhile is then not seen, and the lease may be
+		// reported free when it is not, which costs the caller one more
+		// attempt but grants it nothing.
+		acquire: fmt.Sprintf(`
+WITH killed AS (
+	UPDATE %[5]s AS h SET dead = true
+	FROM %[1]s AS k
+	WHERE k.name = $1 AND h.id = k.heartbeat AND h.expires_at <= clock_timestamp()
+	RETURNING h.id
+), granted AS (
+	INSERT INTO %[1]s AS l (name, term, holder_token, holder_id, acquired_at, renewed_at, expires_at)
+	SELECT $1, 1, $2, $3, c.now, c.now, c.now + $4::interval
+	FROM clock_timestamp() AS c(now)
+	ON CONFLICT (name) DO UPDATE
+	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat) = (
+		SELECT l.term + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL
+		FROM clock_timestamp() AS c(now)
+	)
+	WHERE l.holder_token IS NULL
+		OR l.holder_token = excluded.holder_token
+		OR (l.heartbeat IS NULL AND l.expires_at <= clock_timestamp())
+		OR l.heartbeat IN (SELECT id FROM killed)
+	RETURNING l.name, l.term, l.holder_id, l.acquired_at, l.expires_at
+), notified AS (
+	SELECT pg_notify($5, %[2]s) FROM granted
+), durable AS (
+	SELECT %[4]s FROM granted
+), existing AS (
+	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, %[6]s AS expires_at
+	FROM %[1]s AS l
+	WHERE l.name = $1
+	FOR UPDATE OF l
+)
+SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
+	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable)
+FROM granted AS g
+UNION ALL
+SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, nullif(l.expires_at, '-infinity'),
+	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0
+FROM existing AS l, clock_timestamp() AS c(now)
+WHERE NOT EXISTS (SELECT FROM granted)`, table, grantPayload, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb)),
+
+		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
+		// microseconds, one element per lease. Renews each unexpired
+		// lease held by its token under its term, on one reading of the
+		// server's clock, on its own expiry (taking it out from under a
+		// heartbeat); never inserts. Returns the leases renewed.
+		// "durable" (one row) makes the commit durable (durableCommit).
+		renewBatch: fmt.Sprintf(`
+WITH durable AS (
+	SELECT %[2]s
+)
+UPDATE %[1]s AS l
+SET (renewed_at, expires_at, heartbeat) = (c.now, c.now + r.ttl_us * interval '1 microsecond', NULL)
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS r(name, token, term, ttl_us),
+	clock_timestamp() AS c(now), durable
+WHERE l.name = r.name AND l.holder_token = r.token AND l.term = r.term
+	AND %[3]s > c.now
+RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_at, l.expires_at - clock_timestamp()`, table, durableCommit, expiry(hb)),
+
+		// Release: $1 name, $2 token, $3 term, $4 channel. Frees an
+		// unexpired lease held by the token under the term, keeping the
+		// term, and sends the wake-up in the same statement (it is
+		// delivered when the statement commits). Returns 1 if released.
+		release: fmt.Sprintf(`
+WITH released AS (
+	UPDATE %[1]s AS l
+	SET holder_token = NULL, holder_id = '', acquired_at = NULL, renewed_at = NULL, expires_at = NULL, heartbeat = NULL
+	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
+		AND %[3]s > clock_timestamp()
+	RETURNING l.name
+), notified AS (
+	SELECT pg_notify($4, %[2]s) FROM released
+)
+SELECT count(*) FROM notified`, table, releasePayload, expiry(hb)),
+
+		// Observe: $1 name.
+		observe: fmt.Sprintf(`
+SELECT l.term, %[2]s, l.holder_id, l.acquired_at, nullif(%[3]s, '-infinity'),
+	CASE WHEN %[2]s THEN %[3]s - c.now ELSE interval '0' END
+FROM %[1]s AS l, clock_timestamp() AS c(now)
+WHERE l.name = $1`, table, heldAt(hb, "c.now"), expiry(hb)),
+	}
+}
