@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -84,41 +83,28 @@ func (s *AdvisoryStore) waitLoop(ctx context.Context, name string, w *lockWaiter
 		s.wakeups.uncover(name)
 	}()
 	log := s.wakeups.log.With(slog.String("election", name))
-	retry := listenRetryMin
-	for failures := 0; ; failures++ {
-		conn, err := s.connectWaiter(ctx)
-		if err == nil {
-			if failures > 0 {
-				log.Info("lock waiter is back")
-			}
-			retry, failures = listenRetryMin, 0
-			err = s.waitOn(ctx, conn, name, sub, w)
+	loop := sessionLoop[*pgx.Conn]{
+		connect: s.connectWaiter,
+		serve: func(ctx context.Context, conn *pgx.Conn, ready func()) error {
+			err := s.waitOn(ctx, conn, name, sub, w, ready)
+			// Closed before the wake-up (the loop's own close then does
+			// nothing), as the candidates it wakes should not meet a
+			// lock request of this session that the server still queues.
 			closeConn(conn)
 			if ctx.Err() == nil {
 				s.wake(name) // the holder may have gone while we were not waiting
 			}
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if errors.Is(err, ErrPooledSession) {
-			log.Warn("lock waiter is off: it needs a session of its own", slog.Any("error", err))
-			return
-		}
-		level := slog.LevelWarn
-		if failures > 0 {
-			level = slog.LevelDebug
-		}
-		log.Log(ctx, level, "lock waiter lost; followers learn of a vanished holder only at its expiry until it is back",
-			slog.Any("error", err), slog.Duration("retry_in", retry))
-		timer := time.NewTimer(retry)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-timer.C:
-		}
-		retry = min(2*retry, listenRetryMax)
+			return err
+		},
+		retryMin: listenRetryMin,
+		retryMax: listenRetryMax,
+		log:      log,
+		lost:     "lock waiter lost; followers learn of a vanished holder only at its expiry until it is back",
+		back:     "lock waiter is back",
+	}
+	if err := loop.run(ctx); err != nil {
+		// ErrPooledSession, the loop's only permanent error here.
+		log.Warn("lock waiter is off: it needs a session of its own", slog.Any("error", err))
 	}
 }
 
@@ -171,7 +157,7 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 // alone, a lock waiter that looks twice while a slow grant runs, woken in
 // between by another event, does not mistake the grant for a holder
 // without its mark and wait on its lock until its release.
-func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}, w *lockWaiter) error {
+func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}, w *lockWaiter, ready func()) error {
 	key := s.Key(name)
 	hi, lo := keyHalves(key)
 	// inFlight is when the looks in a row that found the lock held
@@ -213,6 +199,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&holder, &marked, &rowHolder); err != nil {
 			return err // waitLoop wakes the watchers
 		}
+		ready() // the session looks: it got going (see sessionLoop)
 		if holder == nil || marked {
 			inFlight = time.Time{}
 		}
