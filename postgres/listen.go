@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -344,68 +343,36 @@ func (w *wakeups) wakeAllLocked() {
 // with backoff whenever it fails, and closes stopped when it returns.
 func (w *wakeups) listen(ctx context.Context, stopped chan<- struct{}) {
 	defer close(stopped)
-	retry := listenRetryMin
-	failures := 0
-	for {
-		listened, err := w.listenOnce(ctx, failures > 0)
-		if ctx.Err() != nil {
-			return
-		}
-		if errors.Is(err, ErrPooledSession) {
-			w.log.Warn("store wake-ups are off: LISTEN does not work through a transaction-pooling proxy; followers will try at the lease's expiry instead",
-				slog.Any("error", err))
-			return
-		}
-		if listened {
-			retry, failures = listenRetryMin, 0
-		}
-		failures++
-		level := slog.LevelWarn
-		if failures > 1 {
-			level = slog.LevelDebug // said once per outage
-		}
-		wait := retry + rand.N(retry/5+1)
-		w.log.Log(ctx, level, "wake-up listener lost; watchers are silent until it is back",
-			slog.Any("error", err), slog.Duration("retry_in", wait), slog.Int("failures", failures))
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-timer.C:
-		}
-		retry = min(2*retry, listenRetryMax)
+	loop := sessionLoop[*pgx.Conn]{
+		connect:  dial(w.config, listenCallTimeout),
+		serve:    w.listenOnce,
+		retryMin: listenRetryMin,
+		retryMax: listenRetryMax,
+		log:      w.log,
+		lost:     "wake-up listener lost; watchers are silent until it is back",
+		back:     "wake-up listener is back",
+	}
+	if err := loop.run(ctx); err != nil {
+		// ErrPooledSession, the loop's only permanent error here.
+		w.log.Warn("store wake-ups are off: LISTEN does not work through a transaction-pooling proxy; followers will try at the lease's expiry instead",
+			slog.Any("error", err))
 	}
 }
 
-// listenOnce opens a connection, LISTENs, wakes every watcher, and passes
-// notifications on until the connection fails or ctx ends. It reports
-// whether LISTEN succeeded, and why it returned.
-func (w *wakeups) listenOnce(ctx context.Context, recovering bool) (listened bool, err error) {
+// listenOnce LISTENs on conn, wakes every watcher, and passes
+// notifications on until the connection fails or ctx ends. It calls ready
+// once LISTEN has succeeded, and returns why it stopped.
+func (w *wakeups) listenOnce(ctx context.Context, conn *pgx.Conn, ready func()) error {
 	callCtx, cancel := context.WithTimeout(ctx, listenCallTimeout)
-	conn, err := pgx.ConnectConfig(callCtx, w.config)
-	cancel()
-	if err != nil {
-		return false, fmt.Errorf("connecting: %w", err)
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx) // best effort; the connection is dropped either way
-	}()
-
-	callCtx, cancel = context.WithTimeout(ctx, listenCallTimeout)
-	err = checkSession(callCtx, conn, w.what)
+	err := checkSession(callCtx, conn, w.what)
 	if err == nil {
 		_, err = conn.Exec(callCtx, "LISTEN "+pgx.Identifier{w.channel}.Sanitize())
 	}
 	cancel()
 	if err != nil {
-		return false, fmt.Errorf("LISTEN: %w", err)
+		return fmt.Errorf("LISTEN: %w", err)
 	}
-	if recovering {
-		w.log.Info("wake-up listener is back")
-	}
+	ready()
 	// Notifications sent before LISTEN took effect were missed: wake
 	// everyone so that followers look now instead of at the expiry.
 	w.mu.Lock()
@@ -423,17 +390,17 @@ func (w *wakeups) listenOnce(ctx context.Context, recovering bool) (listened boo
 		case err == nil:
 			w.notified(n.Payload, n.PID)
 		case ctx.Err() != nil:
-			return true, ctx.Err()
+			return ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
 			// Quiet for a while: make sure the connection still works.
 			pingCtx, cancel := context.WithTimeout(ctx, listenCallTimeout)
 			err := conn.Ping(pingCtx)
 			cancel()
 			if err != nil {
-				return true, fmt.Errorf("ping: %w", err)
+				return fmt.Errorf("ping: %w", err)
 			}
 		default:
-			return true, fmt.Errorf("waiting for notifications: %w", err)
+			return fmt.Errorf("waiting for notifications: %w", err)
 		}
 	}
 }

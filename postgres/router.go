@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -463,66 +462,35 @@ type retry struct {
 }
 
 // run keeps a connection open until ctx ends, opening it again with
-// backoff whenever it fails.
+// backoff whenever it fails. It returns nil when ctx ends, and the error
+// for which Serve gives up otherwise.
 func (s *serving) run(ctx context.Context) error {
-	backoff := routerReconnectMin
-	failures := 0
-	for {
-		listened, permanent, err := s.serveConn(ctx, failures > 0)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if permanent {
-			return err
-		}
-		if listened {
-			backoff, failures = routerReconnectMin, 0
-		}
-		failures++
-		level := slog.LevelWarn
-		if failures > 1 {
-			level = slog.LevelDebug // said once per outage
-		}
-		wait := backoff + rand.N(backoff/5+1)
-		s.log.Log(ctx, level, "router connection lost; best-effort messages are dropped until it is back",
-			slog.Any("error", err), slog.Duration("retry_in", wait), slog.Int("failures", failures))
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return nil
-		case <-timer.C:
-		}
-		backoff = min(2*backoff, routerReconnectMax)
+	loop := sessionLoop[*pgx.Conn]{
+		connect:  dial(s.r.connConfig, routerCallTimeout),
+		serve:    s.serveConn,
+		retryMin: routerReconnectMin,
+		retryMax: routerReconnectMax,
+		log:      s.log,
+		lost:     "router connection lost; best-effort messages are dropped until it is back",
+		back:     "router connection is back",
 	}
+	return loop.run(ctx)
 }
 
-// serveConn opens a connection, checks that it has a session of its own,
-// LISTENs, delivers the durable messages waiting, and then delivers
-// messages as they come until the connection fails or ctx ends. It reports
-// whether LISTEN succeeded, and whether its error means that Serve should
-// give up.
-func (s *serving) serveConn(ctx context.Context, recovering bool) (listened, permanent bool, err error) {
+// serveConn checks that conn has a session of its own, LISTENs, delivers
+// the durable messages waiting, and then delivers messages as they come
+// until the connection fails or ctx ends. It calls ready once LISTEN has
+// succeeded, and returns why it stopped: an error marked permanent, or
+// wrapping ErrPooledSession, means that Serve should give up.
+func (s *serving) serveConn(ctx context.Context, conn *pgx.Conn, ready func()) error {
 	callCtx, cancel := context.WithTimeout(ctx, routerCallTimeout)
-	conn, err := pgx.ConnectConfig(callCtx, s.r.connConfig)
-	cancel()
-	if err != nil {
-		return false, false, fmt.Errorf("connecting: %w", err)
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(closeCtx) // best effort; the connection is dropped either way
-	}()
-
-	callCtx, cancel = context.WithTimeout(ctx, routerCallTimeout)
-	err = checkSession(callCtx, conn, "the Router")
+	err := checkSession(callCtx, conn, "the Router")
 	cancel()
 	if errors.Is(err, ErrPooledSession) {
-		return false, true, err
+		return err
 	}
 	if err != nil {
-		return false, false, fmt.Errorf("checking the session: %w", err)
+		return fmt.Errorf("checking the session: %w", err)
 	}
 
 	var listen strings.Builder
@@ -533,11 +501,9 @@ func (s *serving) serveConn(ctx context.Context, recovering bool) (listened, per
 	_, err = conn.Exec(callCtx, listen.String())
 	cancel()
 	if err != nil {
-		return false, false, fmt.Errorf("LISTEN: %w", err)
+		return fmt.Errorf("LISTEN: %w", err)
 	}
-	if recovering {
-		s.log.Info("router connection is back")
-	}
+	ready()
 	if s.r.onListen != nil {
 		s.r.onListen(conn.PgConn().PID())
 	}
@@ -545,7 +511,7 @@ func (s *serving) serveConn(ctx context.Context, recovering bool) (listened, per
 	// Announcements sent before LISTEN took effect were missed: read
 	// every durable channel now.
 	if err := s.drainAll(ctx); err != nil {
-		return true, true, err
+		return permanent(err)
 	}
 	nextPoll := time.Now().Add(s.r.pollEvery)
 	for {
@@ -561,16 +527,16 @@ func (s *serving) serveConn(ctx context.Context, recovering bool) (listened, per
 		switch {
 		case err == nil:
 			if err := s.deliver(ctx, n); err != nil {
-				return true, true, err
+				return permanent(err)
 			}
 		case ctx.Err() != nil:
-			return true, false, ctx.Err()
+			return ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
 			now := time.Now()
 			if now.Before(nextPoll) {
 				// A channel's retry is due.
 				if err := s.drainDue(ctx, now); err != nil {
-					return true, true, err
+					return permanent(err)
 				}
 				continue
 			}
@@ -581,14 +547,14 @@ func (s *serving) serveConn(ctx context.Context, recovering bool) (listened, per
 			err := conn.Ping(pingCtx)
 			cancel()
 			if err != nil {
-				return true, false, fmt.Errorf("ping: %w", err)
+				return fmt.Errorf("ping: %w", err)
 			}
 			nextPoll = now.Add(s.r.pollEvery)
 			if err := s.drainAll(ctx); err != nil {
-				return true, true, err
+				return permanent(err)
 			}
 		default:
-			return true, false, fmt.Errorf("waiting for notifications: %w", err)
+			return fmt.Errorf("waiting for notifications: %w", err)
 		}
 	}
 }

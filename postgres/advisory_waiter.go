@@ -1,0 +1,294 @@
+package postgres
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// lockWaiter is the lock waiter of one watched name.
+type lockWaiter struct {
+	refs int
+	stop context.CancelFunc
+	// looked is closed after the lock waiter's first look, and the
+	// wake-up that look may owe (see waitOn). Tests wait on it.
+	looked   chan struct{}
+	lookOnce sync.Once
+}
+
+// firstLookDone closes w.looked, once.
+func (w *lockWaiter) firstLookDone() { w.lookOnce.Do(func() { close(w.looked) }) }
+
+// Watch implements leader.Store. The channel receives a value soon after the
+// lock for name is released or granted (a NOTIFY, as for the LeaseStore),
+// and soon after the holder's session ends without a release: while anyone
+// watches name, one connection of the store's waits in
+// pg_advisory_lock_shared for the holder to go (see AdvisoryStore).
+// Values are coalesced and may be spurious. The channel is closed after
+// ctx ends.
+func (s *AdvisoryStore) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
+	return s.watch(ctx, name, false)
+}
+
+// WatchFree implements leader.FreeWatcher: it is Watch without the
+// wake-ups for grants. The channel receives a value soon after the lock
+// for name is released, and soon after its holder's session ends without
+// a release.
+func (s *AdvisoryStore) WatchFree(ctx context.Context, name string) (<-chan struct{}, error) {
+	return s.watch(ctx, name, true)
+}
+
+// watch registers a watcher of name (see wakeups.watch) and keeps a lock
+// waiter for name while anyone watches it.
+func (s *AdvisoryStore) watch(ctx context.Context, name string, freeOnly bool) (<-chan struct{}, error) {
+	ch, err := s.wakeups.watch(ctx, name, freeOnly)
+	if err != nil {
+		return nil, err
+	}
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	if s.closing {
+		return ch, nil
+	}
+	w := s.waiters[name]
+	if w == nil {
+		wctx, cancel := context.WithCancel(context.Background())
+		w = &lockWaiter{stop: cancel, looked: make(chan struct{})}
+		s.waiters[name] = w
+		s.bg.Go(func() { s.waitLoop(wctx, name, w) })
+	}
+	w.refs++
+	context.AfterFunc(ctx, func() {
+		s.smu.Lock()
+		defer s.smu.Unlock()
+		w.refs--
+		if w.refs == 0 && s.waiters[name] == w {
+			delete(s.waiters, name)
+			delete(s.freed, name)
+			w.stop()
+		}
+	})
+	return ch, nil
+}
+
+// waitLoop runs name's lock waiter until ctx ends, connecting again with
+// backoff when its connection fails.
+func (s *AdvisoryStore) waitLoop(ctx context.Context, name string, w *lockWaiter) {
+	sub, unsubscribe := s.wakeups.subscribe(name, watchGrants)
+	defer func() {
+		unsubscribe()
+		s.wakeups.uncover(name)
+	}()
+	log := s.wakeups.log.With(slog.String("election", name))
+	loop := sessionLoop[*pgx.Conn]{
+		connect: s.connectWaiter,
+		serve: func(ctx context.Context, conn *pgx.Conn, ready func()) error {
+			err := s.waitOn(ctx, conn, name, sub, w, ready)
+			// Closed before the wake-up (the loop's own close then does
+			// nothing), as the candidates it wakes should not meet a
+			// lock request of this session that the server still queues.
+			closeConn(conn)
+			if ctx.Err() == nil {
+				s.wake(name) // the holder may have gone while we were not waiting
+			}
+			return err
+		},
+		retryMin: listenRetryMin,
+		retryMax: listenRetryMax,
+		log:      log,
+		lost:     "lock waiter lost; followers learn of a vanished holder only at its expiry until it is back",
+		back:     "lock waiter is back",
+	}
+	if err := loop.run(ctx); err != nil {
+		// ErrPooledSession, the loop's only permanent error here.
+		log.Warn("lock waiter is off: it needs a session of its own", slog.Any("error", err))
+	}
+}
+
+// connectWaiter opens a lock waiter's connection: a session of its own,
+// whose blocking statement no server default may cut short, and whose
+// server process notices within a second that the waiter went away.
+func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
+	config := s.config.Copy()
+	for k, v := range map[string]string{
+		"statement_timeout":                "0",
+		"lock_timeout":                     "0",
+		"idle_session_timeout":             "0",
+		"client_connection_check_interval": "1000",
+	} {
+		config.RuntimeParams[k] = v
+	}
+	callCtx, cancel := context.WithTimeout(ctx, listenCallTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(callCtx, config)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSession(callCtx, conn, "the advisory store's lock waiter"); err != nil {
+		closeConn(conn)
+		return nil, err
+	}
+	return conn, nil
+}
+
+// waitOn waits, while the lock of name is held, for its holder to go, and
+// wakes name's watchers each time it does. While the lock is free it waits
+// for a grant (sub) instead, so that it never spins.
+//
+// It waits on the holder's mark (see markClass), which the holder takes
+// with the lock: the lock itself is left to candidates alone, and the
+// first of them takes it at once. The release notifications of the
+// holder it waits on, and of the last holder it saw go, wake only the
+// watchers of every event (see coverage), so that a follower is woken once
+// per handover. Its own subscription, sub, is to grants alone.
+//
+// A lock held without its mark, while the row names another backend or
+// none, is most likely a grant in flight: it takes the lock, then its
+// mark, then commits its row. waitOn looks again at the grant's
+// announcement, or after markLook, then twice as long each time. A holder
+// without its mark that the row names (a store of an older version, or
+// one whose session ended and whose lock outlasts its mark), or a lock held
+// without its mark and without a row naming its holder for grantInFlight
+// (a stray session holds the lock's key), is waited for on the lock
+// itself, as before the mark. Deciding by the row rather than by time
+// alone, a lock waiter that looks twice while a slow grant runs, woken in
+// between by another event, does not mistake the grant for a holder
+// without its mark and wait on its lock until its release.
+func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string, sub <-chan struct{}, w *lockWaiter, ready func()) error {
+	key := s.Key(name)
+	hi, lo := keyHalves(key)
+	// inFlight is when the looks in a row that found the lock held
+	// without its mark, and the row not naming its holder, began (zero
+	// if the last look did not); inFlightWait is how long to wait before
+	// the next such look.
+	var (
+		inFlight     time.Time
+		inFlightWait time.Duration
+	)
+	// owed: a look found the lock held, and this lock waiter has not
+	// woken the watchers since. A look that then finds the lock free
+	// wakes them: a holder may go between two looks, as one whose lock
+	// outlasts its mark, or one that dies within markLook of its grant.
+	// The first look is owed too: a watcher may have seen a holder that
+	// went before this lock waiter was connected, with no notification
+	// (a session that ended) and after the listener's wake-up at LISTEN.
+	owed := true
+	// wokeFor is the last backend this lock waiter woke the watchers for
+	// the going of; gone is the same while that backend's lock may still
+	// outlast its mark, and 0 otherwise. A look that finds the lock free
+	// while the row names a holder wakes the watchers if that holder is
+	// gone (its lock outlasted its mark: its session ended, and its row
+	// still names it), or one they were never woken for (granted and gone
+	// between two looks, without a release). After a release (which clears
+	// the row first) it does not: the candidates woken at the mark may
+	// simply not have come yet.
+	var gone, wokeFor int32
+	for {
+		select {
+		case <-sub: // about to look anyway
+		default:
+		}
+		var (
+			holder    *int32 // the PID of the lock's holder, if it is held
+			marked    bool   // whether the holder holds its mark
+			rowHolder *int32 // the backend the row names, if it has a holder
+		)
+		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&holder, &marked, &rowHolder); err != nil {
+			return err // waitLoop wakes the watchers
+		}
+		ready() // the session looks: it got going (see sessionLoop)
+		if holder == nil || marked {
+			inFlight = time.Time{}
+		}
+		if holder == nil {
+			if owed || (rowHolder != nil && (*rowHolder == gone || *rowHolder != wokeFor)) {
+				owed = false
+				s.wake(name)
+			}
+			if rowHolder != nil {
+				wokeFor = *rowHolder
+			}
+			gone = 0
+			w.firstLookDone()
+			if err := awaitEvent(ctx, sub, waiterPoll); err != nil {
+				return err
+			}
+			continue
+		}
+		owed, gone = true, 0
+		w.firstLookDone()
+		if !marked && (rowHolder == nil || *rowHolder != *holder) {
+			if inFlight.IsZero() {
+				inFlight, inFlightWait = time.Now(), markLook
+			}
+			if time.Since(inFlight) < grantInFlight {
+				// Most likely a grant in flight: look again at its
+				// announcement.
+				if err := awaitEvent(ctx, sub, inFlightWait); err != nil {
+					return err
+				}
+				inFlightWait *= 2
+				continue
+			}
+		}
+		if !marked {
+			// Granted the shared lock only once no one holds it
+			// exclusively; it is let go in the same statement.
+			inFlight = time.Time{}
+			if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key); err != nil {
+				return err // waitLoop wakes the watchers
+			}
+			owed = false
+			s.wake(name)
+			continue
+		}
+		s.wakeups.expect(name, uint32(*holder))
+		_, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", *holder)
+		// The wake below covers any release that came meanwhile.
+		s.wakeups.settle(name, err == nil)
+		if err != nil {
+			return err // waitLoop wakes the watchers
+		}
+		// A release unlocks the lock before the mark. A session that
+		// ended frees its locks one lock partition after another, so its
+		// lock may outlast its mark by a moment: a candidate woken now
+		// that finds the lock still held by that backend looks again
+		// (see lingering), and this lock waiter's next look wakes the
+		// watchers again if it finds the lock held (owed), or free with
+		// the row still naming that backend (gone).
+		s.smu.Lock()
+		s.freed[name] = freeing{pid: *holder, at: time.Now()}
+		s.smu.Unlock()
+		owed, gone, wokeFor = false, *holder, *holder
+		s.wake(name)
+		// Stay out of the way of the candidates just woken, whose
+		// statements the winner's waits behind on a busy server: look
+		// again at the next grant's notification, or after markLook. (A
+		// winner granted, and gone, before that look is woken for by it:
+		// see wokeFor.)
+		select {
+		case <-sub: // a grant before the one the candidates are racing for
+		default:
+		}
+		if err := awaitEvent(ctx, sub, markLook); err != nil {
+			return err
+		}
+	}
+}
+
+// awaitEvent waits for a value on sub, or for d, or until ctx ends,
+// returning ctx.Err() then.
+func awaitEvent(ctx context.Context, sub <-chan struct{}, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-sub:
+	case <-timer.C:
+	}
+	return nil
+}
