@@ -52,6 +52,11 @@ type Status struct {
 	// time.Now or time.Until in this process. Zero when not leading. A
 	// supervisor of leader work can use it as a dead-man's switch.
 	StopAt time.Time `json:"-"`
+	// Problem is the last store error while it lasts, if it wraps
+	// ErrPermanent (a misconfiguration that retrying alone will not mend:
+	// see ErrPermanent); "" otherwise, and again after the next store call
+	// that succeeds. leaderhttp's /healthz reports it.
+	Problem string `json:"problem,omitempty"`
 }
 
 // Elector campaigns for one name on a Store, leads while it holds the lease,
@@ -207,6 +212,14 @@ type resignRequest struct {
 // RenewInterval), releases the lease so another instance takes over at
 // once, and returns nil. It returns ErrAlreadyRunning if called while another
 // Run on this Elector is running.
+//
+// Run returns an error wrapping ErrPermanent at once if the store refuses
+// the first calls for a reason that retrying will not mend (a wrong
+// password, an unknown database, tables never migrated, missing
+// privileges, or a server read-only for a whole TTL) before any store call
+// of this Elector has succeeded. After one has, such errors are logged at
+// ERROR, shown in Status.Problem and retried with backoff (see
+// ErrPermanent). Every other store error is retried.
 func (e *Elector) Run(ctx context.Context) error {
 	e.mu.Lock()
 	if e.running {
@@ -253,10 +266,14 @@ func (e *Elector) Run(ctx context.Context) error {
 	e.log.Info("campaigning", slog.Duration("ttl", e.cfg.TTL), slog.Duration("renew_interval", e.cfg.RenewInterval))
 	var notBefore time.Time
 	for {
-		lease, sent, ok := e.follow(ctx, &wake, notBefore)
-		if !ok {
+		lease, sent, err := e.follow(ctx, &wake, notBefore)
+		if errors.Is(err, errStopped) {
 			e.log.Info("stopped")
 			return nil
+		}
+		if err != nil {
+			e.log.Error("cannot campaign: the store is misconfigured", slog.Any("error", err))
+			return err
 		}
 		// After any loss, sit out one RetryInterval: a healthy candidate,
 		// woken by the release, gets the lease first, and an instance whose
@@ -282,11 +299,30 @@ func (e *Elector) observe(l Lease) {
 
 func (e *Elector) recordCall(op string, start time.Time, err error) {
 	e.cfg.Metrics.StoreCall(e.cfg.Name, op, time.Since(start), err)
-	if err == nil {
+	switch {
+	case err == nil:
 		e.mu.Lock()
-		e.status.LastContact = wallclock.Now()
+		e.contactLocked(wallclock.Now())
+		e.mu.Unlock()
+	case errors.Is(err, ErrPermanent):
+		e.mu.Lock()
+		e.status.Problem = err.Error()
 		e.mu.Unlock()
 	}
+}
+
+// contactLocked records a store call that succeeded, answered at (on the
+// wall clock): the store is in touch, and no longer refuses. e.mu is held.
+func (e *Elector) contactLocked(at time.Time) {
+	e.status.LastContact = at
+	e.status.Problem = ""
+}
+
+// contacted reports whether a store call of this Elector has succeeded.
+func (e *Elector) contacted() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return !e.status.LastContact.IsZero()
 }
 
 // publish hands the current status to the OnNewLeader goroutine if the

@@ -3,22 +3,34 @@ package leader
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
 )
 
-// follow campaigns until this instance is granted the lease (ok true) or ctx
-// ends (ok false). It tries at once, then at the expiry the store reported,
-// or when the store signals a change, never before notBefore.
-func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore time.Time) (lease Lease, sent time.Time, ok bool) {
+// errStopped is follow's error when ctx ended.
+var errStopped = errors.New("leader: stopped")
+
+// maxPermanentBackoff bounds the wait between a follower's attempts while
+// the store refuses them with ErrPermanent (see retryWait).
+const maxPermanentBackoff = time.Minute
+
+// follow campaigns until this instance is granted the lease (err nil) or ctx
+// ends (errStopped). It tries at once, then at the expiry the store
+// reported, or when the store signals a change, never before notBefore.
+// Before any store call of this Elector has succeeded, it gives up with an
+// error wrapping ErrPermanent when the store refuses an attempt with one, or
+// has answered every attempt for a TTL with ErrReadOnly.
+func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore time.Time) (lease Lease, sent time.Time, err error) {
 	timer := time.NewTimer(time.Until(notBefore))
 	defer timer.Stop()
 	failures := 0
+	var readOnlySince time.Time // the first of an unbroken run of ErrReadOnly, before any contact
 	for {
 		select {
 		case <-ctx.Done():
-			return Lease{}, time.Time{}, false
+			return Lease{}, time.Time{}, errStopped
 		case _, open := <-*wake:
 			if !open {
 				*wake = nil
@@ -44,11 +56,28 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 		var wait time.Duration
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return Lease{}, time.Time{}, false
+			return Lease{}, time.Time{}, errStopped
 		case err != nil:
 			failures++
+			permanent := errors.Is(err, ErrPermanent)
+			if !e.contacted() {
+				if permanent {
+					return Lease{}, time.Time{}, err
+				}
+				if !errors.Is(err, ErrReadOnly) {
+					readOnlySince = time.Time{}
+				} else if readOnlySince.IsZero() {
+					readOnlySince = sent
+				} else if time.Since(readOnlySince) >= e.cfg.TTL {
+					return Lease{}, time.Time{}, fmt.Errorf("%w: the store has refused every write for %v since Run started (a standby, or a read-only database or role?): give a connection string that reaches a writable primary (with PostgreSQL, target_session_attrs=read-write): %w",
+						ErrPermanent, time.Since(readOnlySince).Round(time.Millisecond), err)
+				}
+			}
 			level := slog.LevelWarn
-			if failures > 1 {
+			switch {
+			case permanent:
+				level = slog.LevelError // said at every attempt, which backs off
+			case failures > 1:
 				level = slog.LevelDebug // said once per outage
 			}
 			if errors.Is(err, ErrReadOnly) {
@@ -56,11 +85,11 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 			} else {
 				e.log.Log(ctx, level, "acquire failed", slog.Any("error", err), slog.Int("failures", failures))
 			}
-			wait = e.cfg.RetryInterval + e.jitter()
+			wait = e.retryWait(permanent, failures)
 		case granted:
 			if ctx.Err() != nil {
 				e.release(ctx, lease.Term)
-				return Lease{}, time.Time{}, false
+				return Lease{}, time.Time{}, errStopped
 			}
 			if time.Since(sent) >= e.cfg.TTL-e.cfg.DriftMargin-e.cfg.StopGrace {
 				// Granted, but the answer came too late to lead safely.
@@ -69,7 +98,7 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 				wait = e.cfg.RetryInterval
 				break
 			}
-			return lease, sent, true
+			return lease, sent, nil
 		default:
 			if failures > 0 {
 				e.log.Info("store reachable again")
@@ -87,6 +116,23 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 		}
 		timer.Reset(wait)
 	}
+}
+
+// retryWait is how long a follower waits after its failures-th failed
+// attempt in a row: RetryInterval, or, while the store refuses with
+// ErrPermanent, RetryInterval doubled at each failure up to
+// maxPermanentBackoff (never below RetryInterval), since a person must
+// mend the cause first. Both with jitter.
+func (e *Elector) retryWait(permanent bool, failures int) time.Duration {
+	wait := e.cfg.RetryInterval
+	if permanent {
+		limit := max(maxPermanentBackoff, e.cfg.RetryInterval)
+		for i := 1; i < failures && wait < limit; i++ {
+			wait *= 2
+		}
+		wait = min(wait, limit)
+	}
+	return wait + e.jitter()
 }
 
 // expiryLag is how long after a reported expiry a follower tries. The

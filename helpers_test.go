@@ -37,6 +37,7 @@ type faultStore struct {
 
 	mu           sync.Mutex
 	partitioned  bool          // every call fails with ErrUnavailable
+	failWith     error         // if set (and not partitioned), every call fails with it
 	hangRenew    bool          // Renew blocks until its ctx ends
 	stuckRenew   chan struct{} // non-nil: Renew blocks until closed, ignoring ctx
 	renewErr     error         // Renew fails with this
@@ -75,16 +76,21 @@ func (f *faultStore) count(op string) int {
 	return f.calls[op]
 }
 
-func (f *faultStore) enter(op string) (partitioned bool) {
+// enter counts a call of op, and returns the error it must fail with, if
+// any: ErrUnavailable while partitioned, else failWith.
+func (f *faultStore) enter(op string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls[op]++
-	return f.partitioned
+	if f.partitioned {
+		return fmt.Errorf("fault: %w", leader.ErrUnavailable)
+	}
+	return f.failWith
 }
 
 func (f *faultStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
-	if f.enter("acquire") {
-		return leader.Lease{}, false, fmt.Errorf("fault: %w", leader.ErrUnavailable)
+	if err := f.enter("acquire"); err != nil {
+		return leader.Lease{}, false, err
 	}
 	f.mu.Lock()
 	gate, entered := f.acquireGate, f.acquireEntered
@@ -109,8 +115,8 @@ func (f *faultStore) Acquire(ctx context.Context, name string, c leader.Candidat
 }
 
 func (f *faultStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
-	if f.enter("renew") {
-		return leader.Lease{}, fmt.Errorf("fault: %w", leader.ErrUnavailable)
+	if err := f.enter("renew"); err != nil {
+		return leader.Lease{}, err
 	}
 	f.mu.Lock()
 	hang, stuck, renewErr, gate, entered := f.hangRenew, f.stuckRenew, f.renewErr, f.renewGate, f.renewEntered
@@ -150,8 +156,8 @@ func atGate(ctx context.Context, gate <-chan struct{}, entered chan<- struct{}) 
 }
 
 func (f *faultStore) Release(ctx context.Context, name, token string, term uint64) error {
-	if f.enter("release") {
-		return fmt.Errorf("fault: %w", leader.ErrUnavailable)
+	if err := f.enter("release"); err != nil {
+		return err
 	}
 	return f.Store.Release(ctx, name, token, term)
 }
@@ -220,7 +226,7 @@ var renewModes = []struct {
 type batchFaultStore struct{ *faultStore }
 
 func (b batchFaultStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
-	b.enter("renew batch")
+	_ = b.enter("renew batch") // each lease's Renew fails as it must
 	for i := range batch {
 		r := &batch[i]
 		r.Lease, r.Err = b.Renew(ctx, r.Name, r.Token, r.Term, r.TTL)

@@ -62,7 +62,7 @@ func (t *tenure) extend(sent, contact time.Time, l Lease) {
 	if t.over || !t.timer.Stop() {
 		t.mu.Unlock()
 		e.mu.Lock()
-		e.status.LastContact = contact
+		e.contactLocked(contact)
 		e.mu.Unlock()
 		return
 	}
@@ -72,7 +72,7 @@ func (t *tenure) extend(sent, contact time.Time, l Lease) {
 	recovered := t.lastErr != nil
 	t.lastErr = nil
 	e.mu.Lock()
-	e.status.LastContact = contact
+	e.contactLocked(contact)
 	if e.leaderCtx == t.lctx {
 		e.status.ExpiresAt = l.ExpiresAt
 		e.status.StopAt = t.stopAt

@@ -169,4 +169,16 @@ var (
 	// broke during the call. The outcome of a write that fails this way is
 	// unknown.
 	ErrUnavailable = errors.New("leader: store unavailable")
+
+	// ErrPermanent means the store refused the call for a reason that
+	// retrying will not mend until a person changes something: the
+	// credentials, the database name, the schema (tables never migrated),
+	// the role's privileges, or a server that stays read-only. The error
+	// wrapping it says what to do. Run returns such an error at once when
+	// it comes before any store call of this Elector has succeeded (a
+	// misconfigured deployment fails at start); after one has, the Elector
+	// logs it at ERROR, shows it in Status.Problem, retries with backoff
+	// (a DBA may mend grants while the service runs), and leads again once
+	// the store answers. See "Errors" in the package documentation.
+	ErrPermanent = errors.New("leader: store misconfigured")
 )

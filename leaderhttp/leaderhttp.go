@@ -23,6 +23,11 @@
 // limit is counted from the moment Handler was called, so an Elector whose
 // Run was never started, or whose store was never reachable, is reported too.
 //
+// /healthz also reports the Elector as unhealthy, at once, while the store
+// refuses its calls for a reason that retrying will not mend
+// (Status.Problem: a wrong password, tables never migrated, missing
+// privileges; see leader.ErrPermanent).
+//
 // Whether this instance leads does not affect /healthz: a follower is
 // healthy. Use /leader, or Elector.IsLeader, to route by leadership.
 package leaderhttp
@@ -95,6 +100,9 @@ type handler struct {
 
 // unhealthy returns why the Elector is wedged, or "" if it is not.
 func (h *handler) unhealthy(st leader.Status) string {
+	if st.Problem != "" {
+		return "the store refuses every call until its configuration is mended: " + st.Problem
+	}
 	now := h.opts.Now()
 	if st.LastContact.IsZero() {
 		if waited := now.Sub(h.created); waited > h.opts.MaxSilence {

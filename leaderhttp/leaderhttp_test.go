@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,9 +130,61 @@ func (unreachableStore) Acquire(context.Context, string, leader.Candidate, time.
 	return leader.Lease{}, false, fmt.Errorf("dial: connection refused: %w", leader.ErrUnavailable)
 }
 
+// misconfiguredStore grants the first Acquire, then refuses every call
+// with leader.ErrPermanent while broken is set, as a store whose grants a
+// DBA revoked does.
+type misconfiguredStore struct {
+	*leadertest.MemStore
+	broken atomic.Bool
+}
+
+var errRevoked = fmt.Errorf("permission denied for table leader_leases: GRANT it: %w", leader.ErrPermanent)
+
+func (s *misconfiguredStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	if s.broken.Load() {
+		return leader.Lease{}, false, errRevoked
+	}
+	return s.MemStore.Acquire(ctx, name, c, ttl)
+}
+
+func (s *misconfiguredStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
+	if s.broken.Load() {
+		return leader.Lease{}, errRevoked
+	}
+	return s.MemStore.Renew(ctx, name, token, term, ttl)
+}
+
+func (s *misconfiguredStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
+	if !s.broken.Load() {
+		s.MemStore.RenewBatch(ctx, batch)
+		return
+	}
+	for i := range batch {
+		batch[i].Err = errRevoked
+	}
+}
+
 func TestHealthz(t *testing.T) {
 	t.Parallel()
 	limit := ttl + ttl/3 // the default MaxSilence: TTL + RenewInterval
+
+	t.Run("a store that refuses with a permanent error is reported at once, until mended", func(t *testing.T) {
+		t.Parallel()
+		store := &misconfiguredStore{MemStore: leadertest.NewMemStore()}
+		b := setup(t, store, leaderhttp.Options{})
+		b.run(t)
+		eventually(t, "leadership", b.elector.IsLeader)
+		store.broken.Store(true)
+		eventually(t, "a 503 naming the store's error", func() bool {
+			code, body, _ := b.get(t, "GET", "/healthz")
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "GRANT it")
+		})
+		store.broken.Store(false)
+		eventually(t, "a 200 once the store answers again", func() bool {
+			code, _, _ := b.get(t, "GET", "/healthz")
+			return code == http.StatusOK
+		})
+	})
 
 	t.Run("a running elector is healthy", func(t *testing.T) {
 		t.Parallel()

@@ -23,7 +23,9 @@ var ErrClosed = errors.New("postgres: lease store closed")
 //   - the context's error when ctx ended (whatever pgx made of it);
 //   - leader.ErrReadOnly for SQLSTATE 25006 (read_only_sql_transaction);
 //   - leader.ErrUnavailable when the server could not be reached or the
-//     connection broke.
+//     connection broke;
+//   - leader.ErrPermanent, with what to do, when the server refused for a
+//     reason that retrying will not mend (see permanentHint).
 //
 // pgx's errors name the user and database but never the password.
 func wrapError(ctx context.Context, what string, err error) error {
@@ -32,7 +34,10 @@ func wrapError(ctx context.Context, what string, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
 		tags = append(tags, ctxErr)
 	}
-	switch {
+	switch hint := permanentHint(err); {
+	case hint != "":
+		prefix += ": " + hint
+		tags = append(tags, leader.ErrPermanent)
 	case isReadOnly(err):
 		tags = append(tags, leader.ErrReadOnly)
 	case ctx.Err() != nil:
@@ -64,6 +69,51 @@ func sqlState(err error) string {
 }
 
 func isReadOnly(err error) bool { return sqlState(err) == "25006" }
+
+// permanentHint returns what a person must do about err, if the server
+// refused for a reason that retrying will not mend, and "" otherwise:
+//
+//   - 28P01 (invalid_password) and 28000 (invalid_authorization_specification,
+//     also pg_hba.conf's "no entry for host"): fix the user or password in
+//     the connection string, or the server's pg_hba.conf;
+//   - 3D000 (invalid_catalog_name): create the database, or fix its name;
+//   - 42P01 (undefined_table) and 3F000 (invalid_schema_name): run
+//     "leader migrate" or postgres.Migrate;
+//   - 42501 (insufficient_privilege): the GRANT to run, for the object
+//     the server named (see Privileges in the package documentation).
+func permanentHint(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return ""
+	}
+	switch pgErr.Code {
+	case "28P01", "28000":
+		return "authentication failed: fix the user or password in the connection string, or the server's pg_hba.conf"
+	case "3D000":
+		return "the database does not exist: create it, or fix the database name in the connection string"
+	case "42P01", "3F000":
+		return "the store's tables do not exist: run `leader migrate` or postgres.Migrate (with the same Options) first"
+	case "42501":
+		return "the role lacks a privilege: " + grantHint(pgErr.Message)
+	}
+	return ""
+}
+
+// grantHint returns the GRANT that mends a "permission denied" message of
+// the server's, as far as the message names the object.
+func grantHint(message string) string {
+	const role = "<the store's role>"
+	if table, ok := strings.CutPrefix(message, "permission denied for table "); ok {
+		return fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON %s TO %s (DELETE too on the Router's message table); see Privileges in the postgres package documentation", table, role)
+	}
+	if schema, ok := strings.CutPrefix(message, "permission denied for schema "); ok {
+		return fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s; see Privileges in the postgres package documentation", schema, role)
+	}
+	if db, ok := strings.CutPrefix(message, "permission denied for database "); ok {
+		return fmt.Sprintf("GRANT CONNECT ON DATABASE %s TO %s; see Privileges in the postgres package documentation", db, role)
+	}
+	return "see Privileges in the postgres package documentation for the GRANTs the stores need"
+}
 
 // isUnavailable reports whether err means the server could not be reached or
 // the connection broke: a failed connection attempt, a network error, a

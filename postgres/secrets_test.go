@@ -176,15 +176,27 @@ func createRole(t *testing.T, c *pgtest.Cluster, superURL, password string) (nam
 	return name, url
 }
 
-// runElector runs an Elector on store with debug logging into c until it
-// has logged "acquire failed" n times, about a second with its 100ms
-// retries.
-func runElector(t *testing.T, c *leakCheck, store leader.Store, n int) {
+// runElector runs an Elector on store with debug logging into c. While
+// the server cannot be reached (permanent false) it runs until it has
+// logged "acquire failed" n times, about a second with its 100ms retries.
+// When the server refuses with a permanent error, Run must return it, at
+// once, and c records it.
+func runElector(t *testing.T, c *leakCheck, store leader.Store, n int, permanent bool) {
 	t.Helper()
 	e, err := leader.New(store, leader.Config{Name: "secret", ID: "elector", TTL: time.Second, RetryInterval: 100 * time.Millisecond,
 		Logger: c.logger("elector")})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if permanent {
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		defer cancel()
+		err := e.Run(ctx)
+		c.failed("Elector.Run", err)
+		if !errors.Is(err, leader.ErrPermanent) {
+			t.Errorf("Elector.Run: %v; want an error wrapping leader.ErrPermanent", err)
+		}
+		return
 	}
 	stop := electortest.Run(t, e)
 	c.waitLogged("acquire failed", n)
@@ -213,8 +225,10 @@ func serveRouter(t *testing.T, c *leakCheck, r *Router) (served <-chan error, st
 
 // cannotConnect makes every call of the stores, the Router and Migrate
 // fail on pool, which cannot connect, and runs an Elector and a Router's
-// Serve for a while, all logging into c.
-func cannotConnect(t *testing.T, c *leakCheck, pool *pgxpool.Pool) {
+// Serve for a while, all logging into c. permanent says whether the server
+// refuses the connection for good (a wrong password), which an Elector's
+// Run returns.
+func cannotConnect(t *testing.T, c *leakCheck, pool *pgxpool.Pool, permanent bool) {
 	t.Helper()
 	c.failed("Migrate", Migrate(callCtx(t), pool, Options{Logger: c.logger("migrate")}))
 
@@ -252,7 +266,7 @@ func cannotConnect(t *testing.T, c *leakCheck, pool *pgxpool.Pool) {
 	c.waitLogged("router connection lost", 3)
 	stopServing()
 
-	runElector(t, c, store, 10)
+	runElector(t, c, store, 10, permanent)
 }
 
 func TestPasswordsNeverShow(t *testing.T) {
@@ -263,7 +277,7 @@ func TestPasswordsNeverShow(t *testing.T) {
 		secret := newSecret(t)
 		c := newLeakCheck(t, secret)
 		url := "postgres://leader_app:" + secret + "@" + closedAddr(t) + "/leader?sslmode=disable&connect_timeout=2"
-		cannotConnect(t, c, passwordPool(t, url, secret))
+		cannotConnect(t, c, passwordPool(t, url, secret), false)
 	})
 
 	// The shared cluster trusts every connection (see newAppRole); this
@@ -289,7 +303,7 @@ func TestPasswordsNeverShow(t *testing.T) {
 		if !errors.As(err, &pgErr) || pgErr.Code != "28P01" {
 			t.Fatalf("connecting with a wrong password: %v; want SQLSTATE 28P01 (invalid_password)", err)
 		}
-		cannotConnect(t, c, pool)
+		cannotConnect(t, c, pool, true)
 	})
 
 	t.Run("when the tables do not exist", func(t *testing.T) {
@@ -446,7 +460,7 @@ func missingOrForbidden(t *testing.T, c *leakCheck, pool *pgxpool.Pool, code str
 	}
 	stopServing()
 
-	runElector(t, c, store, 10)
+	runElector(t, c, store, 10, true)
 }
 
 // TestPasswordsNeverShowWhenTheServerStops runs the stores, the Router and

@@ -1,0 +1,146 @@
+package leader_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
+	"github.com/leaderelect/leader/leadertest"
+)
+
+// errMisconfigured is what a store returns for a misconfiguration.
+var errMisconfigured = fmt.Errorf("store: authentication failed: fix the password: %w", leader.ErrPermanent)
+
+// runUntilReturns runs e until Run returns or within passes, and returns
+// Run's error, failing the test if it did not return.
+func runUntilReturns(t *testing.T, e *leader.Elector, within time.Duration) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(within):
+		cancel()
+		<-done
+		t.Fatalf("Run did not return within %v", within)
+		return nil
+	}
+}
+
+func TestPermanentErrors(t *testing.T) {
+	t.Parallel()
+
+	t.Run("before any contact Run returns a permanent error at once", func(t *testing.T) {
+		t.Parallel()
+		store := newFaultStore(leadertest.NewMemStore())
+		store.set(func(f *faultStore) { f.failWith = errMisconfigured })
+		cfg := testConfig("perm", "a")
+		cfg.TTL, cfg.RetryInterval = 30*time.Second, 10*time.Second // a retry would make Run late
+		e, err := leader.New(store, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		err = runUntilReturns(t, e, 5*time.Second)
+		if !errors.Is(err, leader.ErrPermanent) || !strings.Contains(err.Error(), "fix the password") {
+			t.Fatalf("Run = %v; want the store's error, wrapping ErrPermanent", err)
+		}
+		if n := store.count("acquire"); n != 1 {
+			t.Errorf("Run made %d attempts; want 1", n)
+		}
+		t.Logf("Run returned after %v: %v", time.Since(start), err)
+	})
+
+	t.Run("before any contact other errors are retried", func(t *testing.T) {
+		t.Parallel()
+		store := newFaultStore(leadertest.NewMemStore())
+		store.set(func(f *faultStore) { f.partitioned = true })
+		cfg := testConfig("perm", "a")
+		cfg.RetryInterval = 20 * time.Millisecond
+		e, err := leader.New(store, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runElector(t, e)
+		eventually(t, 10*time.Second, "three attempts", func() bool { return store.count("acquire") >= 3 })
+		store.set(func(f *faultStore) { f.partitioned = false })
+		eventually(t, 10*time.Second, "leadership", e.IsLeader)
+		stop()
+	})
+
+	t.Run("after contact a permanent error is shown and retried until mended", func(t *testing.T) {
+		t.Parallel()
+		store := newFaultStore(leadertest.NewMemStore())
+		logs := new(electortest.LogBuffer)
+		cfg := testConfig("perm", "a")
+		cfg.RetryInterval = 20 * time.Millisecond
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		e, err := leader.New(store, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runElector(t, e)
+		eventually(t, 10*time.Second, "leadership", e.IsLeader)
+		store.set(func(f *faultStore) { f.failWith = errMisconfigured })
+		eventually(t, 10*time.Second, "the leader to step down", func() bool { return !e.IsLeader() })
+		eventually(t, 10*time.Second, "Status.Problem", func() bool { return e.Status().Problem == errMisconfigured.Error() })
+		eventually(t, 10*time.Second, "a follower's failed attempt logged at ERROR", func() bool {
+			return strings.Contains(logs.String(), `level=ERROR msg="acquire failed"`)
+		})
+		attempts := store.count("acquire")
+		eventually(t, 10*time.Second, "another attempt", func() bool { return store.count("acquire") > attempts })
+		store.set(func(f *faultStore) { f.failWith = nil })
+		eventually(t, 20*time.Second, "leadership again", e.IsLeader)
+		if p := e.Status().Problem; p != "" {
+			t.Errorf("Status.Problem = %q after a call succeeded; want none", p)
+		}
+		stop()
+	})
+
+	t.Run("a store read-only for a TTL before any contact makes Run return", func(t *testing.T) {
+		t.Parallel()
+		store := newFaultStore(leadertest.NewMemStore())
+		store.set(func(f *faultStore) { f.failWith = fmt.Errorf("standby: %w", leader.ErrReadOnly) })
+		cfg := testConfig("perm", "a")
+		cfg.RetryInterval = 50 * time.Millisecond
+		e, err := leader.New(store, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		err = runUntilReturns(t, e, 20*time.Second)
+		if !errors.Is(err, leader.ErrPermanent) || !errors.Is(err, leader.ErrReadOnly) || !strings.Contains(err.Error(), "writable primary") {
+			t.Fatalf("Run = %v; want an error wrapping ErrPermanent and ErrReadOnly that says to reach a writable primary", err)
+		}
+		if took := time.Since(start); took < cfg.TTL {
+			t.Errorf("Run gave up after %v, before a TTL (%v) of refusals", took, cfg.TTL)
+		}
+	})
+
+	t.Run("a store read-only for less than a TTL at start is waited for", func(t *testing.T) {
+		t.Parallel()
+		store := newFaultStore(leadertest.NewMemStore())
+		store.set(func(f *faultStore) { f.failWith = fmt.Errorf("standby: %w", leader.ErrReadOnly) })
+		cfg := testConfig("perm", "a")
+		cfg.TTL = 5 * time.Second
+		cfg.RetryInterval = 20 * time.Millisecond
+		e, err := leader.New(store, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runElector(t, e)
+		eventually(t, 10*time.Second, "three attempts", func() bool { return store.count("acquire") >= 3 })
+		store.set(func(f *faultStore) { f.failWith = nil })
+		eventually(t, 10*time.Second, "leadership", e.IsLeader)
+		stop()
+	})
+}
