@@ -221,7 +221,7 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 	// this process is frozen.
 	deadline, err := supervise.DeadlineAt(j.stopAt(sent))
 	if err != nil {
-		fenceFile.Close()
+		_ = fence.Release(fenceFile)
 		j.keep(log, cand, term)
 		return fail(err)
 	}
@@ -232,8 +232,8 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 		Fence:    fenceFile,
 		Deadline: deadline,
 	})
-	fenceFile.Close()
 	if err != nil {
+		_ = fence.Release(fenceFile)
 		var se *supervise.StartError
 		if errors.As(err, &se) && se.Result.DeadlinePassed {
 			j.release(log, cand, term)
@@ -246,6 +246,7 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 		}
 		return fail(err)
 	}
+	fenceFile.Close() // the supervisor holds its own copy, and releases it
 
 	res, lost := j.hold(ctx, log, child, cand, term, sent)
 	if lost != nil {

@@ -117,7 +117,13 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 	if err != nil {
 		return supervise.Result{}, false
 	}
-	defer fenceFile.Close()
+	// Until the supervisor has it, the hold ends here (see fence.Release).
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			_ = fence.Release(fenceFile)
+		}
+	}()
 
 	// The command never runs without a deadline: the moment this instance
 	// stops leading unless a renewal succeeds first. Past that moment
@@ -147,9 +153,11 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 	})
 	if err == nil {
 		r.child = child
+		// The supervisor holds its own copy now, and releases it.
+		fenceFile.Close()
+		handedOver = true
 	}
 	r.mu.Unlock()
-	fenceFile.Close() // the supervisor holds its own copy now
 
 	if err != nil {
 		var se *supervise.StartError
