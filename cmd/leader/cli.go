@@ -15,11 +15,19 @@ import (
 	"github.com/leaderelect/leader/cmd/leader/internal/redact"
 )
 
-// Exit codes shared by the subcommands; see exitCodesHelp.
+// Exit codes. The subcommands that run no command (status, watch, migrate,
+// demo, version, completion) use exitFailure and exitUsage. "leader run" and
+// "leader once" pass their command's exit code through, so their own
+// failures use the codes that timeout(1), env(1) and "docker run" use, which
+// a command seldom does: exitLeaderError for any failure of leader itself,
+// exitCannotExecute and exitNotFound for a command that could not be started.
 const (
-	exitOK      = 0
-	exitFailure = 1 // a runtime error: the store cannot be opened or reached, a command cannot be supervised
-	exitUsage   = 2 // bad flags or arguments; nothing was started
+	exitOK            = 0
+	exitFailure       = 1   // a runtime error: the store cannot be opened or reached
+	exitUsage         = 2   // bad flags or arguments; nothing was started
+	exitLeaderError   = 125 // run, once: leader itself failed (usage or runtime error)
+	exitCannotExecute = 126 // run, once: the command was found but could not be executed
+	exitNotFound      = 127 // run, once: the command was not found
 )
 
 // envStore names the environment variable read when --store is not given.
@@ -35,16 +43,26 @@ func usagef(format string, args ...any) error {
 }
 
 // fail reports err for subcommand cmd, secrets masked, and returns the exit
-// code: exitUsage for a usageError, exitFailure otherwise.
+// code: exitLeaderError for a subcommand that runs a command (its own exit
+// codes are the command's), else exitUsage for a usageError and exitFailure
+// for any other.
 func (a *app) fail(cmd string, red *redact.Redactor, err error) int {
 	msg := red.Error(err)
 	var ue *usageError
-	if errors.As(err, &ue) {
+	usage := errors.As(err, &ue)
+	if usage {
 		fmt.Fprintf(a.stderr, "leader %s: %s\nRun 'leader %s -h' for usage.\n", cmd, msg, cmd)
-		return exitUsage
+	} else {
+		fmt.Fprintf(a.stderr, "leader %s: %s\n", cmd, msg)
 	}
-	fmt.Fprintf(a.stderr, "leader %s: %s\n", cmd, msg)
-	return exitFailure
+	switch c := lookupCommand(cmd); {
+	case c != nil && c.runsCommand:
+		return exitLeaderError
+	case usage:
+		return exitUsage
+	default:
+		return exitFailure
+	}
 }
 
 // parse parses args for cmd with fs, and refuses a duration flag that is

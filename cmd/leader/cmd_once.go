@@ -64,13 +64,17 @@ CMD's environment gets LEADER_NAME, LEADER_ID, LEADER_TERM and LEADER_HELD=1.
 SIGINT or SIGTERM stops CMD (SIGTERM, SIGKILL after --grace); the lease is
 kept for --window all the same.
 
-Exit codes:
+Exit codes (as timeout(1), env(1) and "docker run": 125 to 127 are leader's):
   0        another host ran (or is running) this firing, or CMD exited 0
-  N        CMD's exit code; 128+N if a signal N ended it; 126/127 if it
-           could not be executed / was not found
-  1        runtime error: the store cannot be reached, or the lease was lost
-           while CMD ran (CMD was stopped)
-  2        usage error; nothing was run
+  N        CMD's exit code; 128+N if a signal N ended it
+  125      "leader once" itself failed: a usage error (bad flags; nothing
+           was run), or a runtime error (the store cannot be reached; or
+           the lease was lost while CMD ran, and CMD was stopped)
+  126      CMD was found but could not be executed
+  127      CMD was not found
+A CMD that itself exits with 125 to 127 cannot be told from these. In a
+crontab, tell "the job failed" from "leader failed" by the code:
+  leader once --name job -- ./job.sh; rc=$?; [ $rc -eq 125 ] && alert "leader failed"
 `,
 }
 
@@ -242,7 +246,7 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 		j.keep(log, cand, term)
 		if errors.As(err, &se) {
 			fmt.Fprintf(j.stderr, "leader once: %v\n", err)
-			return se.Result.ExitCode
+			return commandExitCode(se.Result)
 		}
 		return fail(err)
 	}
@@ -254,7 +258,7 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 	}
 	j.keep(log, cand, term)
 	log.Info("command ended", slog.String("result", res.String()))
-	return res.Code()
+	return commandExitCode(res)
 }
 
 // acquire asks for the lease, timed from when the request was sent. The

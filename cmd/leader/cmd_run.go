@@ -69,15 +69,18 @@ When the command exits on its own, --restart decides:
   on-failure  start it again (after a short backoff) if it failed; exit 0 once it succeeds
   always      start it again after a short backoff, whatever its exit code
 
-Exit codes:
+Exit codes (as timeout(1), env(1) and "docker run": 125 to 127 are leader's):
   0        stopped by SIGINT/SIGTERM (command stopped, lease released), or
            the command exited with 0
   N        the command's exit code, when it exited on its own (--restart never)
   128+N    the command was killed by signal N (not sent by "leader run")
-  126, 127 the command could not be executed, or was not found
-  1        runtime error, for example the store cannot be opened
-  2        usage error (bad flags or arguments, or --strategy advisory on a
-           server that cannot serve it); nothing was started
+  125      "leader run" itself failed: a usage error (bad flags or arguments,
+           --strategy advisory on a server that cannot serve it; nothing
+           was started), or a runtime error (the store cannot be opened or
+           reached, the command cannot be supervised)
+  126      the command was found but could not be executed
+  127      the command was not found
+A command that itself exits with 125 to 127 cannot be told from these.
 `,
 }
 

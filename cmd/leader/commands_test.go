@@ -204,14 +204,32 @@ func TestUsageErrors(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
 			_, stderr, code := e.run(tt.args...)
-			if code != exitUsage {
-				t.Errorf("exit code %d, want %d\n%s", code, exitUsage, stderr)
+			if want := usageCode(tt.args); code != want {
+				t.Errorf("exit code %d, want %d\n%s", code, want, stderr)
 			}
 			if !strings.Contains(stderr, tt.want) {
 				t.Errorf("stderr does not say %q:\n%s", tt.want, stderr)
 			}
 		})
 	}
+}
+
+// usageCode is the exit code of a usage error in the command line args:
+// 125 for run and once, whose other codes are their command's, else 2.
+func usageCode(args []string) int {
+	if len(args) > 0 && (args[0] == "run" || args[0] == "once") {
+		return exitLeaderError
+	}
+	return exitUsage
+}
+
+// failureCode is the exit code of a runtime error of the command line args:
+// 125 for run and once, else 1.
+func failureCode(args []string) int {
+	if len(args) > 0 && (args[0] == "run" || args[0] == "once") {
+		return exitLeaderError
+	}
+	return exitFailure
 }
 
 // Every duration flag of every subcommand refuses zero and negative
@@ -232,8 +250,8 @@ func TestDurationFlagsMustBePositive(t *testing.T) {
 					t.Parallel()
 					e := newEnv(t)
 					_, stderr, code := e.run(cmd.name, "--"+f.Name, value)
-					if code != exitUsage {
-						t.Errorf("exit code %d, want %d\n%s", code, exitUsage, stderr)
+					if want := usageCode([]string{cmd.name}); code != want {
+						t.Errorf("exit code %d, want %d\n%s", code, want, stderr)
 					}
 					d, _ := time.ParseDuration(value)
 					want := fmt.Sprintf("leader %s: --%s must be positive, got %v\n", cmd.name, f.Name, d)
@@ -286,8 +304,8 @@ func TestAdvisoryStrategyOnAnUnreachableServerIsARuntimeError(t *testing.T) {
 		e := newEnv(t)
 		args = append([]string{args[0], "--store", "postgres://u:" + secret + "@127.0.0.1:1/db?connect_timeout=5", "--strategy", "advisory"}, args[1:]...)
 		_, stderr, code := e.run(args...)
-		if code != exitFailure || !strings.Contains(stderr, "connecting to") || strings.Contains(stderr, secret) {
-			t.Errorf("%s: exit %d, want %d, a word on connecting and no password:\n%s", args[0], code, exitFailure, stderr)
+		if want := failureCode(args); code != want || !strings.Contains(stderr, "connecting to") || strings.Contains(stderr, secret) {
+			t.Errorf("%s: exit %d, want %d, a word on connecting and no password:\n%s", args[0], code, want, stderr)
 		}
 	}
 }
@@ -315,9 +333,15 @@ func TestHelp(t *testing.T) {
 		}
 	}
 	out, _, _ = e.run("run", "-h")
-	for _, want := range []string{"--grace", "--ttl", "--restart", "--http", "--store", "--strategy", "advisory", "PostgreSQL 14", "PgBouncer", "Exit codes", "128+N", "LEADER_TERM"} {
+	for _, want := range []string{"--grace", "--ttl", "--restart", "--http", "--store", "--strategy", "advisory", "PostgreSQL 14", "PgBouncer", "Exit codes", "128+N", "125", "126", "127", "LEADER_TERM"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("run -h does not mention %s", want)
+		}
+	}
+	out, _, _ = e.run("once", "-h")
+	for _, want := range []string{"Exit codes", "125", "126", "127", "rc -eq 125"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("once -h does not mention %s", want)
 		}
 	}
 }

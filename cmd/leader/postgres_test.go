@@ -59,8 +59,8 @@ func TestPostgres(t *testing.T) {
 		u := pgtest.NewDatabase(t)
 		ran := filepath.Join(e.dir, "ran")
 		_, stderr, code := e.run("run", "--store", u, "--strategy", "advisory", "--name", "x", "--", "touch", ran)
-		if code != exitFailure || !strings.Contains(stderr, `run "leader migrate"`) || !strings.Contains(stderr, "advisory") {
-			t.Errorf("run --strategy advisory before migrate: exit %d, want %d and a word on migrate\n%s", code, exitFailure, stderr)
+		if code != exitLeaderError || !strings.Contains(stderr, `run "leader migrate"`) || !strings.Contains(stderr, "advisory") {
+			t.Errorf("run --strategy advisory before migrate: exit %d, want %d and a word on migrate\n%s", code, exitLeaderError, stderr)
 		}
 		if _, err := os.Stat(ran); err == nil {
 			t.Error("the command ran")
@@ -90,8 +90,8 @@ func TestPostgres(t *testing.T) {
 			{"watch", "--store", bouncer, "--strategy", "advisory", "--name", "pooled"},
 		} {
 			out, stderr, code := e.run(args...)
-			if code != exitUsage || out != "" {
-				t.Errorf("%s through PgBouncer: exit %d, want %d, and no output\n%s%s", args[0], code, exitUsage, out, stderr)
+			if want := usageCode(args); code != want || out != "" {
+				t.Errorf("%s through PgBouncer: exit %d, want %d, and no output\n%s%s", args[0], code, want, out, stderr)
 			}
 			for _, want := range []string{"--strategy advisory needs a direct connection", "pooler", "PgBouncer", "--strategy lease"} {
 				if !strings.Contains(stderr, want) {

@@ -245,7 +245,7 @@ func TestFenceFilesAreRemoved(t *testing.T) {
 				t.Fatalf("%s: exit code %d\n%s", cmd, code, stderr)
 			}
 		}
-		if _, stderr, code := e.run("run", "--store", store, "--name", name, "--", "/no/such/program"); code != 127 {
+		if _, stderr, code := e.run("run", "--store", store, "--name", name, "--", "/no/such/program"); code != exitNotFound {
 			t.Fatalf("run of a missing program: exit code %d\n%s", code, stderr)
 		}
 	}

@@ -34,17 +34,20 @@ Passwords in store URLs are never printed or logged.
 Logs go to stderr through slog: --log-format text (default) or json,
 --log-level debug|info|warn|error.
 
-Exit codes:
+Exit codes of run and once (as timeout(1), env(1) and "docker run"):
+  N        the command's own exit code; 128+N if signal N ended it
+  125      leader itself failed: a usage error (bad flag, missing --name, ...)
+           or a runtime error (the store cannot be opened, ...)
+  126, 127 the command could not be executed / was not found
+Exit codes of the others:
   0        success
   1        runtime error (for example the store cannot be opened)
   2        usage error: unknown command, bad flag, a duration flag that is not
-           positive, missing --name or command, or --strategy advisory on a
-           server that cannot serve it
-  N        run/once: the command's own exit code; 128+N if signal N ended it;
-           126/127 if it could not be executed / was not found
+           positive, missing --name, or --strategy advisory on a server that
+           cannot serve it
 
 Every duration flag (--ttl, --grace, --window, --poll) takes a positive
-Go duration such as 500ms, 15s or 2m; zero or less is refused (exit code 2).
+Go duration such as 500ms, 15s or 2m; zero or less is refused (a usage error).
 
 Run "leader help COMMAND" or "leader COMMAND -h" for a command's flags and
 their defaults.
