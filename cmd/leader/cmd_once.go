@@ -34,7 +34,13 @@ var onceCommand = &command{
 	help: `
 For a crontab installed on every host: at most one host runs CMD for each
 firing, even when the hosts' cron daemons and clocks fire up to a minute
-apart; on the others "leader once" exits 0 without a word.
+apart; on the others "leader once" exits 0 without running it.
+
+The store must be named, with --store or $LEADER_STORE (cron's environment
+seldom has it: set it in the crontab line). Every invocation logs at info
+level the store and which hosts it elects among, and whether it ran CMD;
+cron mails what a job prints, so add --log-level warn to keep only warnings
+and errors.
 
 How: the first host to ask takes the election's lease for --window and runs
 CMD, renewing the lease (every --window/3) while CMD runs; when CMD ends it
@@ -67,9 +73,9 @@ kept for --window all the same.
 Exit codes (as timeout(1), env(1) and "docker run": 125 to 127 are leader's):
   0        another host ran (or is running) this firing, or CMD exited 0
   N        CMD's exit code; 128+N if a signal N ended it
-  125      "leader once" itself failed: a usage error (bad flags; nothing
-           was run), or a runtime error (the store cannot be reached; or
-           the lease was lost while CMD ran, and CMD was stopped)
+  125      "leader once" itself failed: a usage error (bad flags, no store;
+           nothing was run), or a runtime error (the store cannot be
+           reached; or the lease was lost while CMD ran, and CMD was stopped)
   126      CMD was found but could not be executed
   127      CMD was not found
 A CMD that itself exits with 125 to 127 cannot be told from these. In a
@@ -101,7 +107,7 @@ func (o *onceOptions) flags() *flag.FlagSet {
 	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when CMD must stop")
 	describeDefault(fs, "grace", fmt.Sprintf("--window/5 minus a kill margin: %v for the default --window", defaultGrace(defaultWindow)))
 	registerStrategy(fs, &o.strategy, "PostgreSQL strategy: lease only (advisory is refused: its lock would be freed when \"leader once\"\nexits, so the window after a run could not hold)")
-	o.commonOptions.register(fs, "warn")
+	o.commonOptions.register(fs, "info")
 	return fs
 }
 
@@ -118,7 +124,7 @@ func runOnceCommand(a *app, ctx context.Context, args []string) int {
 	if !graceSet {
 		o.grace = defaultGrace(o.window)
 	}
-	rawStore := o.storeURL(a)
+	rawStore, storeErr := o.storeURL(a, fs)
 	red := redact.ForURL(rawStore)
 	fail := func(err error) int { return a.fail("once", red, err) }
 	log, err := o.logger(a.stderr, red)
@@ -141,6 +147,9 @@ func runOnceCommand(a *app, ctx context.Context, args []string) int {
 		}
 		return fail(err)
 	}
+	if storeErr != nil {
+		return fail(storeErr)
+	}
 	spec, err := parseStoreURL(rawStore)
 	if err != nil {
 		return fail(err)
@@ -158,6 +167,9 @@ func runOnceCommand(a *app, ctx context.Context, args []string) int {
 		return fail(err)
 	}
 	defer store.Close()
+	// As in "leader run": say at every start which instances compete.
+	log.Info("electing", slog.String("store", store.display), slog.String("scope", spec.scope()),
+		slog.String("election", o.name), slog.String("id", o.id), slog.Duration("window", o.window))
 
 	j := &onceJob{
 		opts:      o,
