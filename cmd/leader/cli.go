@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -15,11 +16,19 @@ import (
 	"github.com/leaderelect/leader/cmd/leader/internal/redact"
 )
 
-// Exit codes shared by the subcommands; see exitCodesHelp.
+// Exit codes. The subcommands that run no command (status, watch, migrate,
+// demo, version, completion) use exitFailure and exitUsage. "leader run" and
+// "leader once" pass their command's exit code through, so their own
+// failures use the codes that timeout(1), env(1) and "docker run" use, which
+// a command seldom does: exitLeaderError for any failure of leader itself,
+// exitCannotExecute and exitNotFound for a command that could not be started.
 const (
-	exitOK      = 0
-	exitFailure = 1 // a runtime error: the store cannot be opened or reached, a command cannot be supervised
-	exitUsage   = 2 // bad flags or arguments; nothing was started
+	exitOK            = 0
+	exitFailure       = 1   // a runtime error: the store cannot be opened or reached
+	exitUsage         = 2   // bad flags or arguments; nothing was started
+	exitLeaderError   = 125 // run, once: leader itself failed (usage or runtime error)
+	exitCannotExecute = 126 // run, once: the command was found but could not be executed
+	exitNotFound      = 127 // run, once: the command was not found
 )
 
 // envStore names the environment variable read when --store is not given.
@@ -35,16 +44,26 @@ func usagef(format string, args ...any) error {
 }
 
 // fail reports err for subcommand cmd, secrets masked, and returns the exit
-// code: exitUsage for a usageError, exitFailure otherwise.
+// code: exitLeaderError for a subcommand that runs a command (its own exit
+// codes are the command's), else exitUsage for a usageError and exitFailure
+// for any other.
 func (a *app) fail(cmd string, red *redact.Redactor, err error) int {
 	msg := red.Error(err)
 	var ue *usageError
-	if errors.As(err, &ue) {
+	usage := errors.As(err, &ue)
+	if usage {
 		fmt.Fprintf(a.stderr, "leader %s: %s\nRun 'leader %s -h' for usage.\n", cmd, msg, cmd)
-		return exitUsage
+	} else {
+		fmt.Fprintf(a.stderr, "leader %s: %s\n", cmd, msg)
 	}
-	fmt.Fprintf(a.stderr, "leader %s: %s\n", cmd, msg)
-	return exitFailure
+	switch c := lookupCommand(cmd); {
+	case c != nil && c.runsCommand:
+		return exitLeaderError
+	case usage:
+		return exitUsage
+	default:
+		return exitFailure
+	}
 }
 
 // parse parses args for cmd with fs, and refuses a duration flag that is
@@ -121,8 +140,9 @@ type commonOptions struct {
 }
 
 func (c *commonOptions) register(fs *flag.FlagSet, defaultLevel string) {
-	fs.StringVar(&c.store, "store", "", "the store's `URL`: postgres://… (or postgresql://…), or file:///dir for the embedded\nsingle-host store")
-	describeDefault(fs, "store", "$"+envStore+", else the embedded store in "+defaultStoreDirHelp)
+	fs.StringVar(&c.store, "store", "", "the store's `URL`: postgres://… (or postgresql://…) for instances on several hosts,\n"+
+		"or file:///dir for the embedded store, for instances on one host")
+	describeDefault(fs, "store", "$"+envStore+"; one of the two is required")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format on stderr: text or json")
 	fs.StringVar(&c.logLevel, "log-level", defaultLevel, "log level: debug, info, warn or error")
 }
@@ -166,13 +186,42 @@ func defaultNote(f *flag.Flag) string {
 	return "(default: " + f.DefValue + ")"
 }
 
-// storeURL returns the store named by --store, else by $LEADER_STORE, else
-// "" (the default embedded store).
-func (c *commonOptions) storeURL(a *app) string {
-	if c.store != "" {
-		return c.store
+// storeURL returns the store named by --store, else by $LEADER_STORE. No
+// subcommand but demo picks a store by itself: which store is named decides
+// which instances elect one leader (every host that reaches a database, or
+// this host alone), so naming none, or an empty one, is a usage error that
+// offers both (see noStoreError). fs is c's parsed flag set.
+func (c *commonOptions) storeURL(a *app, fs *flag.FlagSet) (string, error) {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "store" })
+	if given {
+		if c.store == "" {
+			return "", noStoreError("--store is empty")
+		}
+		return c.store, nil
 	}
-	return a.getenv(envStore)
+	v, set := a.lookupEnv(envStore)
+	switch {
+	case !set:
+		return "", noStoreError("no store named (--store URL, or $" + envStore + ")")
+	case v == "":
+		return "", noStoreError("$" + envStore + " is empty, and no --store is given")
+	}
+	return v, nil
+}
+
+// noStoreError is the usage error for a missing store: why, then the two
+// kinds of store to choose from, with the embedded store's URL in the
+// default per-user directory as an example.
+func noStoreError(why string) error {
+	example := "file:///path/to/dir"
+	if dir, err := defaultStoreDir(); err == nil {
+		example = (&url.URL{Scheme: "file", Path: dir}).String()
+	}
+	return usagef("%s; the store decides which instances elect one leader:\n"+
+		"  %-40s  instances on many hosts share one PostgreSQL database\n"+
+		"  %-40s  instances on this host only (the embedded store)",
+		why, "postgres://user:password@host:5432/db", example)
 }
 
 // logger returns the logger the options ask for, writing to w, with secrets

@@ -42,15 +42,19 @@ func (o *migrateOptions) flags() *flag.FlagSet {
 
 func runMigrate(a *app, ctx context.Context, args []string) int {
 	var o migrateOptions
-	if _, code, ok := a.parse(migrateCommand, o.flags(), args, false); !ok {
+	fs := o.flags()
+	if _, code, ok := a.parse(migrateCommand, fs, args, false); !ok {
 		return code
 	}
-	rawStore := o.storeURL(a)
+	rawStore, storeErr := o.storeURL(a, fs)
 	red := redact.ForURL(rawStore)
 	fail := func(err error) int { return a.fail("migrate", red, err) }
 	log, err := o.logger(a.stderr, red)
 	if err != nil {
 		return fail(err)
+	}
+	if storeErr != nil {
+		return fail(storeErr)
 	}
 	spec, err := parseStoreURL(rawStore)
 	if err != nil {

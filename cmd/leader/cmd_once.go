@@ -34,7 +34,13 @@ var onceCommand = &command{
 	help: `
 For a crontab installed on every host: at most one host runs CMD for each
 firing, even when the hosts' cron daemons and clocks fire up to a minute
-apart; on the others "leader once" exits 0 without a word.
+apart; on the others "leader once" exits 0 without running it.
+
+The store must be named, with --store or $LEADER_STORE (cron's environment
+seldom has it: set it in the crontab line). Every invocation logs at info
+level the store and which hosts it elects among, and whether it ran CMD;
+cron mails what a job prints, so add --log-level warn to keep only warnings
+and errors.
 
 How: the first host to ask takes the election's lease for --window and runs
 CMD, renewing the lease (every --window/3) while CMD runs; when CMD ends it
@@ -64,13 +70,17 @@ CMD's environment gets LEADER_NAME, LEADER_ID, LEADER_TERM and LEADER_HELD=1.
 SIGINT or SIGTERM stops CMD (SIGTERM, SIGKILL after --grace); the lease is
 kept for --window all the same.
 
-Exit codes:
+Exit codes (as timeout(1), env(1) and "docker run": 125 to 127 are leader's):
   0        another host ran (or is running) this firing, or CMD exited 0
-  N        CMD's exit code; 128+N if a signal N ended it; 126/127 if it
-           could not be executed / was not found
-  1        runtime error: the store cannot be reached, or the lease was lost
-           while CMD ran (CMD was stopped)
-  2        usage error; nothing was run
+  N        CMD's exit code; 128+N if a signal N ended it
+  125      "leader once" itself failed: a usage error (bad flags, no store;
+           nothing was run), or a runtime error (the store cannot be
+           reached; or the lease was lost while CMD ran, and CMD was stopped)
+  126      CMD was found but could not be executed
+  127      CMD was not found
+A CMD that itself exits with 125 to 127 cannot be told from these. In a
+crontab, tell "the job failed" from "leader failed" by the code:
+  leader once --name job -- ./job.sh; rc=$?; [ $rc -eq 125 ] && alert "leader failed"
 `,
 }
 
@@ -97,7 +107,7 @@ func (o *onceOptions) flags() *flag.FlagSet {
 	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when CMD must stop")
 	describeDefault(fs, "grace", fmt.Sprintf("--window/5 minus a kill margin: %v for the default --window", defaultGrace(defaultWindow)))
 	registerStrategy(fs, &o.strategy, "PostgreSQL strategy: lease only (advisory is refused: its lock would be freed when \"leader once\"\nexits, so the window after a run could not hold)")
-	o.commonOptions.register(fs, "warn")
+	o.commonOptions.register(fs, "info")
 	return fs
 }
 
@@ -114,7 +124,7 @@ func runOnceCommand(a *app, ctx context.Context, args []string) int {
 	if !graceSet {
 		o.grace = defaultGrace(o.window)
 	}
-	rawStore := o.storeURL(a)
+	rawStore, storeErr := o.storeURL(a, fs)
 	red := redact.ForURL(rawStore)
 	fail := func(err error) int { return a.fail("once", red, err) }
 	log, err := o.logger(a.stderr, red)
@@ -137,6 +147,9 @@ func runOnceCommand(a *app, ctx context.Context, args []string) int {
 		}
 		return fail(err)
 	}
+	if storeErr != nil {
+		return fail(storeErr)
+	}
 	spec, err := parseStoreURL(rawStore)
 	if err != nil {
 		return fail(err)
@@ -154,6 +167,9 @@ func runOnceCommand(a *app, ctx context.Context, args []string) int {
 		return fail(err)
 	}
 	defer store.Close()
+	// As in "leader run": say at every start which instances compete.
+	log.Info("electing", slog.String("store", store.display), slog.String("scope", spec.scope()),
+		slog.String("election", o.name), slog.String("id", o.id), slog.Duration("window", o.window))
 
 	j := &onceJob{
 		opts:      o,
@@ -221,7 +237,7 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 	// this process is frozen.
 	deadline, err := supervise.DeadlineAt(j.stopAt(sent))
 	if err != nil {
-		fenceFile.Close()
+		_ = fence.Release(fenceFile)
 		j.keep(log, cand, term)
 		return fail(err)
 	}
@@ -232,8 +248,8 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 		Fence:    fenceFile,
 		Deadline: deadline,
 	})
-	fenceFile.Close()
 	if err != nil {
+		_ = fence.Release(fenceFile)
 		var se *supervise.StartError
 		if errors.As(err, &se) && se.Result.DeadlinePassed {
 			j.release(log, cand, term)
@@ -242,10 +258,11 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 		j.keep(log, cand, term)
 		if errors.As(err, &se) {
 			fmt.Fprintf(j.stderr, "leader once: %v\n", err)
-			return se.Result.ExitCode
+			return commandExitCode(se.Result)
 		}
 		return fail(err)
 	}
+	fenceFile.Close() // the supervisor holds its own copy, and releases it
 
 	res, lost := j.hold(ctx, log, child, cand, term, sent)
 	if lost != nil {
@@ -253,7 +270,7 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 	}
 	j.keep(log, cand, term)
 	log.Info("command ended", slog.String("result", res.String()))
-	return res.Code()
+	return commandExitCode(res)
 }
 
 // acquire asks for the lease, timed from when the request was sent. The

@@ -69,15 +69,18 @@ When the command exits on its own, --restart decides:
   on-failure  start it again (after a short backoff) if it failed; exit 0 once it succeeds
   always      start it again after a short backoff, whatever its exit code
 
-Exit codes:
+Exit codes (as timeout(1), env(1) and "docker run": 125 to 127 are leader's):
   0        stopped by SIGINT/SIGTERM (command stopped, lease released), or
            the command exited with 0
   N        the command's exit code, when it exited on its own (--restart never)
   128+N    the command was killed by signal N (not sent by "leader run")
-  126, 127 the command could not be executed, or was not found
-  1        runtime error, for example the store cannot be opened
-  2        usage error (bad flags or arguments, or --strategy advisory on a
-           server that cannot serve it); nothing was started
+  125      "leader run" itself failed: a usage error (bad flags or arguments,
+           no store, --strategy advisory on a server that cannot serve it;
+           nothing was started), or a runtime error (the store cannot be
+           opened or reached, the command cannot be supervised)
+  126      the command was found but could not be executed
+  127      the command was not found
+A command that itself exits with 125 to 127 cannot be told from these.
 `,
 }
 
@@ -139,7 +142,7 @@ func runRun(a *app, ctx context.Context, args []string) int {
 		o.grace = defaultGrace(o.ttl)
 	}
 
-	rawStore := o.storeURL(a)
+	rawStore, storeErr := o.storeURL(a, fs)
 	red := redact.ForURL(rawStore)
 	fail := func(err error) int { return a.fail("run", red, err) }
 	log, err := o.logger(a.stderr, red)
@@ -156,13 +159,6 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	}
 	httpAddr, err := listenAddr(o.http)
 	if err != nil {
-		return fail(err)
-	}
-	spec, err := parseStoreURL(rawStore)
-	if err != nil {
-		return fail(err)
-	}
-	if spec, err = withStrategy(spec, o.strategy); err != nil {
 		return fail(err)
 	}
 
@@ -197,6 +193,16 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	// Refuse bad settings before opening anything.
 	if err := validateConfig(cfg); err != nil {
 		return fail(configUsageError(err, o.ttl, o.grace))
+	}
+	if storeErr != nil {
+		return fail(storeErr)
+	}
+	spec, err := parseStoreURL(rawStore)
+	if err != nil {
+		return fail(err)
+	}
+	if spec, err = withStrategy(spec, o.strategy); err != nil {
+		return fail(err)
 	}
 
 	var registry *prometheus.Registry
@@ -256,12 +262,15 @@ func runRun(a *app, ctx context.Context, args []string) int {
 		}
 	})
 
-	attrs := []any{slog.String("election", o.name), slog.String("id", runner.id), slog.String("store", store.display)}
+	// Which instances this one competes with is the one thing a wrong store
+	// gets silently wrong: say it at every start, at the default level.
+	attrs := []any{slog.String("store", store.display), slog.String("scope", spec.scope()),
+		slog.String("election", o.name), slog.String("id", runner.id)}
 	if store.strategy != "" {
 		attrs = append(attrs, slog.String("strategy", store.strategy))
 	}
 	attrs = append(attrs, slog.Duration("ttl", o.ttl), slog.Duration("grace", o.grace))
-	log.Info("starting", attrs...)
+	log.Info("electing", attrs...)
 	if err := elector.Run(runCtx); err != nil {
 		return fail(err)
 	}

@@ -94,7 +94,7 @@ func (o *statusOptions) setup(a *app, ctx context.Context, cmd *command, args []
 	if _, code, ok := a.parse(cmd, fs, args, false); !ok {
 		return nil, nil, nil, code, false
 	}
-	rawStore := o.storeURL(a)
+	rawStore, storeErr := o.storeURL(a, fs)
 	red := redact.ForURL(rawStore)
 	fail := func(err error) int { return a.fail(cmd.name, red, err) }
 	log, err := o.logger(a.stderr, red)
@@ -103,6 +103,9 @@ func (o *statusOptions) setup(a *app, ctx context.Context, cmd *command, args []
 	}
 	if o.name == "" {
 		return nil, nil, nil, fail(usagef("missing --name: the election to show")), false
+	}
+	if storeErr != nil {
+		return nil, nil, nil, fail(storeErr), false
 	}
 	spec, err := parseStoreURL(rawStore)
 	if err != nil {

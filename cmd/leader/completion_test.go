@@ -17,7 +17,7 @@ import (
 func completionScript(t *testing.T, shell string) string {
 	t.Helper()
 	var stdout, stderr strings.Builder
-	a := &app{stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }}
+	a := &app{stdout: &stdout, stderr: &stderr, lookupEnv: func(string) (string, bool) { return "", false }}
 	if code := runCompletion(a, context.Background(), []string{shell}); code != exitOK {
 		t.Fatalf("completion %s: exit %d\n%s", shell, code, stderr.String())
 	}

@@ -63,7 +63,7 @@ func TestHelpShowsADefaultForEveryFlag(t *testing.T) {
 		want := map[string]map[string]string{
 			"run":    {"ttl": "(default: 15s)", "name": "(required)", "restart": "(default: never)", "grace": "(default: TTL/5 minus the kill margin: 2.75s for the default --ttl)"},
 			"once":   {"window": "(default: 2m0s)", "grace": "(default: --window/5 minus a kill margin: 23.75s for the default --window)"},
-			"status": {"json": "(default: false)", "store": "(default: $LEADER_STORE, else the embedded store in "},
+			"status": {"json": "(default: false)", "store": "(default: $LEADER_STORE; one of the two is required)"},
 			"watch":  {"poll": "(default: 2s)"},
 			"demo":   {"ttl": "(default: 2s)"},
 		}

@@ -27,7 +27,7 @@ func dispatch(args []string) int {
 	if len(args) > 0 && args[0] == supervise.Subcommand {
 		return supervise.Main(args[1:])
 	}
-	a := &app{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	a := &app{stdout: os.Stdout, stderr: os.Stderr, lookupEnv: os.LookupEnv}
 	if len(args) == 0 {
 		fmt.Fprint(a.stderr, mainUsage)
 		return exitUsage
@@ -67,9 +67,9 @@ func ignoreJobControl() {
 // app is what every subcommand writes to and reads from; tests of the
 // parsing helpers swap them.
 type app struct {
-	stdout io.Writer
-	stderr io.Writer
-	getenv func(string) string
+	stdout    io.Writer
+	stderr    io.Writer
+	lookupEnv func(string) (string, bool)
 }
 
 // command is one subcommand.

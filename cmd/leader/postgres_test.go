@@ -59,8 +59,8 @@ func TestPostgres(t *testing.T) {
 		u := pgtest.NewDatabase(t)
 		ran := filepath.Join(e.dir, "ran")
 		_, stderr, code := e.run("run", "--store", u, "--strategy", "advisory", "--name", "x", "--", "touch", ran)
-		if code != exitFailure || !strings.Contains(stderr, `run "leader migrate"`) || !strings.Contains(stderr, "advisory") {
-			t.Errorf("run --strategy advisory before migrate: exit %d, want %d and a word on migrate\n%s", code, exitFailure, stderr)
+		if code != exitLeaderError || !strings.Contains(stderr, `run "leader migrate"`) || !strings.Contains(stderr, "advisory") {
+			t.Errorf("run --strategy advisory before migrate: exit %d, want %d and a word on migrate\n%s", code, exitLeaderError, stderr)
 		}
 		if _, err := os.Stat(ran); err == nil {
 			t.Error("the command ran")
@@ -90,8 +90,8 @@ func TestPostgres(t *testing.T) {
 			{"watch", "--store", bouncer, "--strategy", "advisory", "--name", "pooled"},
 		} {
 			out, stderr, code := e.run(args...)
-			if code != exitUsage || out != "" {
-				t.Errorf("%s through PgBouncer: exit %d, want %d, and no output\n%s%s", args[0], code, exitUsage, out, stderr)
+			if want := usageCode(args); code != want || out != "" {
+				t.Errorf("%s through PgBouncer: exit %d, want %d, and no output\n%s%s", args[0], code, want, out, stderr)
 			}
 			for _, want := range []string{"--strategy advisory needs a direct connection", "pooler", "PgBouncer", "--strategy lease"} {
 				if !strings.Contains(stderr, want) {
@@ -141,6 +141,31 @@ func TestPostgres(t *testing.T) {
 		frozenLeader(t, e, migrated(t, e))
 	})
 
+	t.Run("run and once say that they elect among every host that reaches the database", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		u, err := url.Parse(migrated(t, e))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The test server trusts every login: the password is never asked
+		// for, only shown (masked).
+		const secret = "Pa55wordNeverShown"
+		u.User = url.UserPassword(u.User.Username(), secret)
+		masked := u.User.Username() + ":xxxxx@" + u.Host + u.Path
+		for _, cmd := range []string{"run", "once"} {
+			_, stderr, code := e.run(cmd, "--store", u.String(), "--name", "scope-"+cmd, "--", "true")
+			if code != 0 || strings.Contains(stderr, secret) {
+				t.Errorf("%s: exit %d, or the password shows\n%s", cmd, code, stderr)
+			}
+			for _, want := range []string{`level=INFO msg=electing store="postgres://` + masked, `scope="every host that reaches this database"`} {
+				if !strings.Contains(stderr, want) {
+					t.Errorf("%s does not log %q:\n%s", cmd, want, stderr)
+				}
+			}
+		}
+	})
+
 	t.Run("once runs one of concurrent invocations and keeps the window after the run", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
@@ -149,7 +174,7 @@ func TestPostgres(t *testing.T) {
 		// A firing within the window after the run finds it taken.
 		ran := filepath.Join(e.dir, "late")
 		out, stderr, code := e.run("once", "--store", u, "--name", "nightly", "--window", "1m", "--", "sh", "-c", "touch "+ran)
-		if code != 0 || out != "" || stderr != "" {
+		if code != 0 || out != "" || !onlyInfo(stderr) {
 			t.Errorf("late firing: exit %d, output %q %q", code, out, stderr)
 		}
 		if _, err := os.Stat(ran); err == nil {
@@ -256,7 +281,7 @@ func advisoryFailover(t *testing.T, e *env, store string) {
 	third := e.with("CHILD_LOG="+log.path).start("run", "--store", store, "--name", "e2e", "--id", "c2",
 		"--strategy", "advisory", "--ttl", advisoryTTL, "--", "sh", filepath.Join(e.dir, "child.sh"))
 	waitFor(t, 20*time.Second, "the third candidate to campaign", func() bool {
-		return strings.Contains(third.stderr.String(), "starting")
+		return strings.Contains(third.stderr.String(), "msg=electing")
 	})
 	log.assertAtMostOneRunsFor(500 * time.Millisecond)
 	stopped := procs[second.fields[3]]

@@ -217,3 +217,51 @@ func TestRunServesHealthStatusAndMetrics(t *testing.T) {
 		t.Errorf("exit code %d", code)
 	}
 }
+
+// The fence directory holds a file only while a command of its election
+// runs: each is removed when its hold ends, whether the command ended on its
+// own, "leader run" was stopped, or "leader run" was killed (its supervisor
+// then ends the hold once the command's group is gone).
+func TestFenceFilesAreRemoved(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	store := e.fileStore()
+	fences := filepath.Join(e.dir, "store", "fences")
+	left := func() []string {
+		entries, err := os.ReadDir(fences)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	for i := range 3 {
+		name := "fence-" + strconv.Itoa(i)
+		for _, cmd := range []string{"run", "once"} {
+			if _, stderr, code := e.run(cmd, "--store", store, "--name", name, "--", "true"); code != 0 {
+				t.Fatalf("%s: exit code %d\n%s", cmd, code, stderr)
+			}
+		}
+		if _, stderr, code := e.run("run", "--store", store, "--name", name, "--", "/no/such/program"); code != exitNotFound {
+			t.Fatalf("run of a missing program: exit code %d\n%s", code, stderr)
+		}
+	}
+	if l := left(); len(l) != 0 {
+		t.Errorf("fence files left after the commands ended: %v", l)
+	}
+
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		ready := filepath.Join(e.dir, "ready-"+strconv.Itoa(int(sig)))
+		p := e.start("run", "--store", store, "--name", "held", "--", "sh", "-c", `touch "`+ready+`"; exec sleep 1000`)
+		waitFor(t, 20*time.Second, "the command to start", func() bool { _, err := os.Stat(ready); return err == nil })
+		if l := left(); len(l) != 1 {
+			t.Errorf("fence files while one command runs: %v, want one", l)
+		}
+		p.signal(sig)
+		p.wait(20 * time.Second)
+		waitFor(t, 20*time.Second, "the fence file to be removed after "+sig.String(), func() bool { return len(left()) == 0 })
+	}
+}

@@ -85,7 +85,7 @@ func (r *commandRunner) onElected(ctx context.Context) {
 				slog.String("result", res.String()))
 			backoff = restartBackoffMin
 		case r.restart == restartNever:
-			r.finish(res.Code())
+			r.finish(commandExitCode(res))
 			return
 		case r.restart == restartOnFailure && res.Success():
 			r.finish(exitOK)
@@ -117,7 +117,13 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 	if err != nil {
 		return supervise.Result{}, false
 	}
-	defer fenceFile.Close()
+	// Until the supervisor has it, the hold ends here (see fence.Release).
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			_ = fence.Release(fenceFile)
+		}
+	}()
 
 	// The command never runs without a deadline: the moment this instance
 	// stops leading unless a renewal succeeds first. Past that moment
@@ -130,7 +136,7 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 	deadline, err := supervise.DeadlineAt(stopAt)
 	if err != nil {
 		log.Error("cannot start the command", slog.Any("error", err))
-		return supervise.Result{ExitCode: exitFailure, Err: err}, true
+		return supervise.Result{ExitCode: exitLeaderError, Err: err}, true
 	}
 
 	r.mu.Lock()
@@ -147,9 +153,11 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 	})
 	if err == nil {
 		r.child = child
+		// The supervisor holds its own copy now, and releases it.
+		fenceFile.Close()
+		handedOver = true
 	}
 	r.mu.Unlock()
-	fenceFile.Close() // the supervisor holds its own copy now
 
 	if err != nil {
 		var se *supervise.StartError
@@ -157,11 +165,11 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 			return se.Result, ctx.Err() == nil
 		}
 		if errors.As(err, &se) {
-			log.Error("cannot start the command", slog.Any("error", err), slog.Int("exit_code", se.Result.ExitCode))
+			log.Error("cannot start the command", slog.Any("error", err), slog.Int("exit_code", commandExitCode(se.Result)))
 			return se.Result, true
 		}
 		log.Error("cannot start the command", slog.Any("error", err))
-		return supervise.Result{ExitCode: exitFailure, Err: err}, true
+		return supervise.Result{ExitCode: exitLeaderError, Err: err}, true
 	}
 	log.Info("command started", slog.Int("pid", child.Pid()), slog.String("command", strings.Join(r.argv, " ")))
 	extending := make(chan struct{})
@@ -189,7 +197,7 @@ func (r *commandRunner) runOnce(ctx context.Context, log *slog.Logger, term uint
 		level = slog.LevelWarn
 	}
 	log.Log(context.Background(), level, "command ended on its own", slog.String("result", res.String()),
-		slog.Int("exit_code", res.Code()))
+		slog.Int("exit_code", commandExitCode(res)))
 	return res, true
 }
 
@@ -283,6 +291,18 @@ func (r *commandRunner) kill() {
 	if c != nil {
 		go c.Kill()
 	}
+}
+
+// commandExitCode is the exit code "leader run" and "leader once" report for
+// a command that ended (or could not start) with res: the command's own, or
+// 128+N if signal N ended it; exitNotFound or exitCannotExecute if it could
+// not be started; exitLeaderError if leader itself failed to start or
+// supervise it (the supervisor could not run, or died without reporting).
+func commandExitCode(res supervise.Result) int {
+	if res.Err != nil && res.ExitCode != exitNotFound && res.ExitCode != exitCannotExecute {
+		return exitLeaderError
+	}
+	return res.Code()
 }
 
 // childEnv returns base with the LEADER_* variables set for the command.

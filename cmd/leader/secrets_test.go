@@ -71,8 +71,8 @@ func TestPasswordsNeverShowOnAServerThatChecksThem(t *testing.T) {
 		store := loginURL(t, migratedDB(t, e), role, wrong)
 		for _, r := range runEverySubcommand(t, e, store) {
 			r.check(t, secret, wrong)
-			if r.code != exitFailure || !strings.Contains(r.output, "password authentication failed") {
-				t.Errorf("%v: exit %d, want %d and a word on the failed password:\n%s", r.args, r.code, exitFailure, r.output)
+			if want := failureCode(r.args); r.code != want || !strings.Contains(r.output, "password authentication failed") {
+				t.Errorf("%v: exit %d, want %d and a word on the failed password:\n%s", r.args, r.code, want, r.output)
 			}
 		}
 	})
@@ -84,8 +84,8 @@ func TestPasswordsNeverShowOnAServerThatChecksThem(t *testing.T) {
 		store := loginURL(t, cluster.NewDatabase(t), checkedRole(t, cluster, secret), secret)
 		for _, r := range runEverySubcommand(t, e, store) {
 			r.check(t, secret)
-			if r.code != exitFailure {
-				t.Errorf("%v: exit %d, want %d:\n%s", r.args, r.code, exitFailure, r.output)
+			if want := failureCode(r.args); r.code != want {
+				t.Errorf("%v: exit %d, want %d:\n%s", r.args, r.code, want, r.output)
 			}
 		}
 	})
@@ -137,8 +137,8 @@ func TestPasswordsNeverShowOnAServerThatChecksThem(t *testing.T) {
 			r.check(t, secret)
 			switch {
 			case r.strategy == "advisory":
-				if r.code != exitUsage || !strings.Contains(r.output, "PgBouncer") {
-					t.Errorf("%v: exit %d, want %d and a word on PgBouncer:\n%s", r.args, r.code, exitUsage, r.output)
+				if want := usageCode(r.args); r.code != want || !strings.Contains(r.output, "PgBouncer") {
+					t.Errorf("%v: exit %d, want %d and a word on PgBouncer:\n%s", r.args, r.code, want, r.output)
 				}
 			case r.args[0] == "migrate":
 				if r.code != exitFailure {

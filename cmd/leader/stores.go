@@ -9,9 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/leaderelect/leader"
@@ -33,15 +31,15 @@ func registerStrategy(fs *flag.FlagSet, p *string, usage string) {
 	fs.StringVar(p, "strategy", strategyLease, usage)
 }
 
-// defaultStoreDir is the embedded store's directory when no store is named:
-// filelock.DefaultDir, a per-user directory that survives reboots (so terms
-// keep growing across them), or <temp dir>/leader-<uid> when the user has no
-// home directory.
-func defaultStoreDir() string {
-	if d, err := filelock.DefaultDir(); err == nil {
-		return d
-	}
-	return filepath.Join(os.TempDir(), "leader-"+strconv.Itoa(os.Getuid()))
+// defaultStoreDir is the embedded store's directory in the per-user state
+// directory: filelock.DefaultDir, which survives reboots (so terms keep
+// growing across them). Only the message for a missing store offers it: no
+// subcommand uses it unasked. With neither $XDG_STATE_HOME nor a home
+// directory there is none; it is never in a temporary directory, where
+// instances with different TMPDIRs or a private /tmp would each elect a
+// leader of their own.
+func defaultStoreDir() (string, error) {
+	return filelock.DefaultDir()
 }
 
 // storeKind tells the backends apart.
@@ -95,12 +93,10 @@ type storeSpec struct {
 	strategy string // postgresStore: strategyLease or strategyAdvisory; see withStrategy
 }
 
-// parseStoreURL checks a store URL without opening anything. "" means the
-// default embedded store.
+// parseStoreURL checks a store URL without opening anything.
 func parseStoreURL(raw string) (storeSpec, error) {
 	if raw == "" {
-		dir := defaultStoreDir()
-		return storeSpec{kind: fileStore, dir: dir, display: (&url.URL{Scheme: "file", Path: dir}).String()}, nil
+		return storeSpec{}, usagef("--store is empty")
 	}
 	display := redact.URL(raw)
 	scheme, _, ok := strings.Cut(raw, "://")
@@ -125,6 +121,14 @@ func parseStoreURL(raw string) (storeSpec, error) {
 	default:
 		return storeSpec{}, usagef("--store %s: unknown scheme %q; want postgres://…, postgresql://… or file:///dir", display, scheme)
 	}
+}
+
+// scope says which instances elect one leader on this store, for the log.
+func (s storeSpec) scope() string {
+	if s.kind == fileStore {
+		return "this host only (embedded store in " + s.dir + ")"
+	}
+	return "every host that reaches this database"
 }
 
 // withStrategy returns spec with the strategy --strategy names, or a usage

@@ -15,6 +15,9 @@
 // is gone (see package supervise), so the new command starts only after the
 // old one has ended. Across hosts (PostgreSQL) the lease's TTL already orders
 // them; the fence costs nothing there.
+//
+// The fence file is removed when its hold ends (see Release), so the fence
+// directory holds one file per fence in use, not one per election ever run.
 package fence
 
 import (
@@ -40,7 +43,15 @@ func Path(dir, storeID, name string) string {
 // or ctx ends. onWait, if not nil, is called once if the fence is not free
 // at the first try. The lock is held until the returned file, and every
 // descriptor duplicated from it (for example one passed to a child process),
-// is closed.
+// is closed; the last holder ends the hold with Release, which removes the
+// file.
+//
+// The lock belongs to the file, not to the path: a process that opened the
+// file before its holder removed it would lock a file nobody else can open
+// any more. So once locked, Acquire checks that path still names the file it
+// locked, and starts again with the file path names now if not. Removal is
+// safe because only a holder removes the file, and only while it still holds
+// the lock (see Release): while a holder's lock is held, path names its file.
 func Acquire(ctx context.Context, path string, onWait func()) (*os.File, error) {
 	dir := filepath.Dir(path)
 	if dir == HostDir() {
@@ -51,19 +62,42 @@ func Acquire(ctx context.Context, path string, onWait func()) (*os.File, error) 
 	} else if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("fence: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("fence: %w", err)
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("fence: %w", err)
+		}
+		if err := lock(ctx, f, onWait); err != nil {
+			f.Close()
+			return nil, err
+		}
+		onWait = nil
+		same, err := names(path, f)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("fence: %w", err)
+		}
+		if same {
+			return f, nil
+		}
+		// Removed (and perhaps created again) by the holder this one
+		// waited for.
+		f.Close()
 	}
+}
+
+// lock takes the flock of f, waiting (polling, so that ctx can end the
+// wait) until it is free. onWait, if not nil, is called if it is not free at
+// the first try.
+func lock(ctx context.Context, f *os.File, onWait func()) error {
 	wait := time.Millisecond
 	for first := true; ; first = false {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
-			return f, nil
+			return nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("fence: locking %s: %w", path, err)
+			return fmt.Errorf("fence: locking %s: %w", f.Name(), err)
 		}
 		if first && onWait != nil {
 			onWait()
@@ -72,10 +106,52 @@ func Acquire(ctx context.Context, path string, onWait func()) (*os.File, error) 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			f.Close()
-			return nil, fmt.Errorf("fence: %w", ctx.Err())
+			return fmt.Errorf("fence: %w", ctx.Err())
 		case <-t.C:
 		}
 		wait = min(2*wait, 20*time.Millisecond)
 	}
+}
+
+// names reports whether path names the file f has open.
+func names(path string, f *os.File) (bool, error) {
+	held, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	named, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(held, named), nil
+}
+
+// Release ends the hold of a fence that Acquire returned: it removes the
+// fence file, if its path (f.Name()) still names it, then closes f, which
+// frees the lock. So the fence directory holds files only for the fences
+// held now (and for any whose last holder was killed before it could
+// release them; the next hold of that fence removes it).
+//
+// Call it instead of Close only where the hold ends: f must be the last
+// descriptor of the lock that anyone relies on. While a process (such as a
+// supervisor) holds a duplicate for a command that still runs, close f
+// instead, and let that process call Release. A waiter that opened the file
+// before it was removed finds that out once it gets the lock, and opens the
+// new one (see Acquire).
+func Release(f *os.File) error {
+	defer f.Close()
+	same, err := names(f.Name(), f)
+	if err != nil || !same {
+		return err
+	}
+	// Nobody else can remove or replace the file between the check and the
+	// removal: only the holder of its lock removes it, and a new file is
+	// created only where none is.
+	if err := os.Remove(f.Name()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("fence: %w", err)
+	}
+	return nil
 }

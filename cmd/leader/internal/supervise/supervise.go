@@ -67,7 +67,7 @@
 // the leader decides how the command is stopped.
 //
 // Optionally the supervisor holds a fence (a file locked with flock) until
-// the group is gone; see package fence. A process that leaves the group (for
+// the group is gone, then releases it; see package fence. A process that leaves the group (for
 // example by calling setsid to daemonize) escapes supervision.
 package supervise
 
@@ -120,9 +120,11 @@ type Options struct {
 	// the command, the command is not started and Start returns a
 	// StartError whose Result has DeadlinePassed set.
 	Deadline Deadline
-	// Fence, if not nil, is passed to the supervisor, which keeps it open
-	// until the command's process group is gone; the caller may close its
-	// own copy once Start returns.
+	// Fence, if not nil, is a fence from fence.Acquire, passed to the
+	// supervisor, which keeps it open until the command's process group is
+	// gone and then ends the hold (fence.Release, which removes the file).
+	// Once Start returns, the caller closes its own copy: with Close if
+	// Start succeeded, with fence.Release if not.
 	Fence *os.File
 	// Stdout and Stderr receive the command's output. Default: the leader's.
 	// The command's standard input is /dev/null: it runs in a background
@@ -214,7 +216,7 @@ func Start(opts Options) (*Child, error) {
 	args := []string{Subcommand, "--grace", opts.Grace.String(), "--until", strconv.FormatInt(int64(opts.Deadline), 10)}
 	extra := []*os.File{ctlR, stW}
 	if opts.Fence != nil {
-		args = append(args, "--fence")
+		args = append(args, "--fence", opts.Fence.Name())
 		extra = append(extra, opts.Fence)
 	}
 	args = append(args, "--")

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/leaderelect/leader/cmd/leader/internal/fence"
 )
 
 // groupPoll is how often the supervisor checks whether the command's process
@@ -34,7 +36,7 @@ func Main(args []string) int {
 
 	fs := flag.NewFlagSet(Subcommand, flag.ContinueOnError)
 	grace := fs.Duration("grace", 10*time.Second, "time between SIGTERM and SIGKILL")
-	hasFence := fs.Bool("fence", false, "fd 5 is a fence to hold until the group is gone")
+	fencePath := fs.String("fence", "", "fd 5 is the fence at this `path`, to hold until the group is gone")
 	until := fs.Int64("until", 0, "the deadline: CLOCK_MONOTONIC nanoseconds (see Deadline)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -56,9 +58,20 @@ func Main(args []string) int {
 	// must be held by the leader alone, and the fence by this process alone.
 	syscall.CloseOnExec(fdControl)
 	syscall.CloseOnExec(fdStatus)
-	if *hasFence {
+	// The hold of the fence ends here, once the command's group is gone
+	// (or the command did not start): release removes the fence file.
+	var fenceFile *os.File
+	if *fencePath != "" {
 		syscall.CloseOnExec(fdFence)
+		fenceFile = os.NewFile(fdFence, *fencePath)
 	}
+	releaseFence := func() {
+		if fenceFile != nil {
+			_ = fence.Release(fenceFile)
+			fenceFile = nil
+		}
+	}
+	defer releaseFence()
 	report := func(format string, a ...any) {
 		_, _ = fmt.Fprintf(status, format+"\n", a...)
 	}
@@ -222,6 +235,10 @@ func Main(args []string) int {
 			}
 			continue
 		}
+		// Before the report: the leader may ask for the fence again as
+		// soon as it reads it, and should find the file gone, not wait
+		// for this process to let go of it.
+		releaseFence()
 		suffix := ""
 		if expired {
 			suffix = " " + reportDeadline
