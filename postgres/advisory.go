@@ -254,7 +254,7 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		pool:        pool,
 		opts:        opts,
 		config:      config,
-		sql:         newAdvisoryStatements(opts.qualifiedAdvisoryTable()),
+		sql:         newAdvisoryStatements(opts.qualifiedAdvisoryTable(), opts.qualifiedStrategyTable()),
 		wakeups:     newWakeups(config, opts, "the advisory store's wake-ups"),
 		sessions:    make(map[sessionKey]*session),
 		waiters:     make(map[string]*lockWaiter),

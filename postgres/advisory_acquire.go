@@ -31,6 +31,7 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 		return leader.Lease{}, false, fmt.Errorf("postgres: %s: %w", call(op, name), err)
 	}
 	called := time.Now()
+	claimed := false
 	for {
 		ss, err := s.session(name, c.Token)
 		if err != nil {
@@ -63,6 +64,18 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 		switch {
 		case errors.Is(err, errSessionGone):
 			continue // reaped while we waited for it: a new one
+		case errors.Is(err, errNotClaimed) && !claimed:
+			// The name is not (yet) the advisory strategy's: claim it,
+			// which fails with a *StrategyConflictError while the lease
+			// strategy uses it, and try again.
+			claimed = true
+			if err := claimStrategy(ctx, s.pool, s.opts, name, StrategyAdvisory, ttl); err != nil {
+				return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
+			}
+			continue
+		case errors.Is(err, errNotClaimed):
+			// Claimed, and moved back before the second try.
+			return leader.Lease{}, false, wrapError(ctx, call(op, name), errStrategyMoved)
 		case err != nil:
 			return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
 		}
@@ -357,6 +370,7 @@ type grantResult struct {
 	unreleased                bool   // the previous holder did not release
 	previousPID               *int32 // the previous holder's backend
 	marked                    bool   // the grant took the lock's mark too
+	mine                      bool   // the strategy table gives the name to this strategy
 }
 
 func (r grantResult) granted() bool { return r.got && r.term != nil }
@@ -388,7 +402,7 @@ func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session
 		n int64
 	)
 	err := conn.QueryRow(ctx, stmt, name, ss.key, c.Token, c.ID, iv, ms, idle, every, hi, lo).
-		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased, &r.previousPID, &r.marked)
+		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased, &r.previousPID, &r.marked, &r.mine)
 	if err != nil {
 		if sqlState(err) == "23505" { // unique_violation: the key, taken by another name at the same moment
 			return r, fmt.Errorf("advisory key %d of %q is used by another election name (raced for its first grant); give one of them another key with Options.Key: %w",
@@ -397,14 +411,17 @@ func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session
 		return r, err
 	}
 	if r.got && r.term == nil {
-		// Locked, but the key belongs to another name: let it go, and
-		// its mark.
+		// Locked, but the name is not (yet) this strategy's, or the key
+		// belongs to another name: let it go, and its mark.
 		var (
 			unlocked bool
 			n        int64
 		)
 		if err := conn.QueryRow(ctx, s.sql.unlock, ss.key).Scan(&unlocked, &n); err != nil || !unlocked {
 			return r, errors.Join(errSessionReset, err)
+		}
+		if !r.mine && r.other == nil {
+			return r, errNotClaimed
 		}
 		return r, fmt.Errorf("advisory key %d of %q is already used by election %q (a hash collision, or the same Options.Key given twice); give one of them another key with Options.Key, or delete the unused name's row from %s",
 			ss.key, name, deref(r.other), s.opts.qualifiedAdvisoryTable())

@@ -124,7 +124,9 @@ func remainingSQL(held, ttl string) string {
 // the lock, and {cur} and {locked} what a refused candidate reads (see
 // newAdvisoryStatements).
 var grantTemplate = `
-WITH {lock}, marked AS MATERIALIZED (
+WITH {lock}, st AS MATERIALIZED (
+	SELECT s.term_floor FROM {s} AS s WHERE s.name = $1 AND s.strategy = 'advisory' AND (SELECT lk.got FROM lk) FOR KEY SHARE
+), marked AS MATERIALIZED (
 	SELECT pg_try_advisory_lock(` + markClass + `, pg_backend_pid()) AS ok FROM lk WHERE lk.got
 ), other AS (
 	SELECT a.name FROM {t} AS a WHERE a.key = $2 AND a.name <> $1 LIMIT 1
@@ -132,11 +134,11 @@ WITH {lock}, marked AS MATERIALIZED (
 	SELECT a.holder_token IS NOT NULL AS unreleased, a.holder_pid FROM {t} AS a WHERE a.name = $1
 ), granted AS (
 	INSERT INTO {t} AS a (name, key, term, holder_token, holder_id, holder_pid, ttl, acquired_at)
-	SELECT $1, $2, 1, $3, $4, pg_backend_pid(), $5::interval, clock_timestamp()
-	FROM lk WHERE lk.got AND NOT EXISTS (SELECT FROM other)
+	SELECT $1, $2, st.term_floor + 1, $3, $4, pg_backend_pid(), $5::interval, clock_timestamp()
+	FROM lk, st WHERE lk.got AND NOT EXISTS (SELECT FROM other)
 	ON CONFLICT (name) DO UPDATE
 	SET (key, term, holder_token, holder_id, holder_pid, ttl, acquired_at) = (
-		excluded.key, a.term + 1, excluded.holder_token, excluded.holder_id,
+		excluded.key, greatest(a.term, (SELECT st.term_floor FROM st)) + 1, excluded.holder_token, excluded.holder_id,
 		excluded.holder_pid, excluded.ttl, excluded.acquired_at)
 	RETURNING a.term, a.acquired_at, a.name
 ), armed AS (
@@ -151,7 +153,7 @@ SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
 	{locked},
 	coalesce((SELECT unreleased FROM previous), false), (SELECT holder_pid FROM previous),
-	coalesce((SELECT ok FROM marked), false)
+	coalesce((SELECT ok FROM marked), false), EXISTS (SELECT FROM st)
 FROM lk
 LEFT JOIN granted AS g ON true
 LEFT JOIN cur AS c ON true`
@@ -183,10 +185,10 @@ var (
 	claimedLocked = `($9::bigint, $10::bigint) IS NOT NULL` // true; it names $9 and $10, which a statement must use
 )
 
-func newAdvisoryStatements(table string) advisoryStatements {
-	// {t} is the table, {grant} and {release} the NOTIFY payloads of a
-	// grant and a release of the row's name.
-	fill := strings.NewReplacer("{t}", table, "{grant}", grantPayload, "{release}", releasePayload).Replace
+func newAdvisoryStatements(table, strategies string) advisoryStatements {
+	// {t} is the table, {s} the strategy table, {grant} and {release} the
+	// NOTIFY payloads of a grant and a release of the row's name.
+	fill := strings.NewReplacer("{t}", table, "{s}", strategies, "{grant}", grantPayload, "{release}", releasePayload).Replace
 	grant := func(lock, cur, locked string) string {
 		return fill(strings.NewReplacer("{lock}", lock, "{cur}", cur, "{locked}", locked).Replace(grantTemplate))
 	}
@@ -203,6 +205,11 @@ func newAdvisoryStatements(table string) advisoryStatements {
 		// waiters to wait on; only a stray session of someone else's,
 		// using the same two int4 keys, could hold it, and then the lock
 		// is held without it, and lock waiters wait on the lock itself.
+		// "st" locks the name's row of the strategy table (FOR KEY SHARE)
+		// if it names the advisory strategy; without it nothing is
+		// granted, and the caller unlocks, claims the name
+		// (claimStrategy) and tries again. A grant's term is above the
+		// row's term_floor.
 		// "other" is another name already using the key: then nothing is
 		// granted, and the caller unlocks. "granted" bumps the term in the
 		// same statement, so the term grows at every grant and a grant
@@ -305,7 +312,7 @@ FROM cur AS c`),
 		release: fill(`
 WITH released AS (
 	UPDATE {t} AS a
-	SET (holder_token, holder_id, holder_pid, ttl, acquired_at) = (NULL, '', NULL, NULL, NULL)
+	SET (holder_token, holder_id, holder_pid, ttl, acquired_at, released_at) = (NULL, '', NULL, NULL, NULL, clock_timestamp())
 	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
 	RETURNING a.name
 )

@@ -26,7 +26,8 @@ import (
 //	CREATE ROLE leader_app LOGIN PASSWORD '...' NOSUPERUSER NOCREATEDB NOCREATEROLE;
 //	GRANT CONNECT ON DATABASE app TO leader_app;
 //	GRANT USAGE ON SCHEMA public TO leader_app;
-//	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_heartbeats TO leader_app;
+//	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO leader_app;
+//	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO leader_app;
 //
 // The message table's identity column needs no grant on its sequence, and
@@ -60,7 +61,8 @@ func Example_privileges() {
 		"CREATE ROLE " + r + " LOGIN PASSWORD '" + password + "' NOSUPERUSER NOCREATEDB NOCREATEROLE",
 		"GRANT CONNECT ON DATABASE " + database + " TO " + r,
 		"GRANT USAGE ON SCHEMA public TO " + r,
-		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_heartbeats TO " + r,
+		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO " + r,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO " + r,
 	} {
 		if _, err := owner.Exec(ctx, sql); err != nil {
@@ -96,13 +98,14 @@ func Example_privileges() {
 		log.Fatal(err)
 	}
 
-	// Electors normally make these calls; here they are made by hand.
+	// Electors normally make these calls; here they are made by hand, on
+	// a name of each strategy (a name is elected with one strategy only).
 	worker := leader.Candidate{ID: "worker-1", Token: "a random per-instance token"}
 	for _, s := range []struct {
 		strategy string
 		store    leader.Store
 	}{{"lease", leases}, {"advisory", locks}} {
-		lease, granted, err := s.store.Acquire(ctx, "nightly", worker, time.Minute)
+		lease, granted, err := s.store.Acquire(ctx, "nightly-"+s.strategy, worker, time.Minute)
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -99,6 +99,7 @@ func FuzzOptions(f *testing.F) {
 			{got.messageIndex(), []string{shortName(got.MessageTable + "_channel_id")}},
 			{got.qualifiedHeartbeatTable(), []string{got.Schema, got.HeartbeatTable}},
 			{got.heartbeatIndex(), []string{shortName(got.Table + "_heartbeat")}},
+			{got.qualifiedStrategyTable(), []string{got.Schema, got.StrategyTable}},
 		} {
 			parts, err := unquoteIdentifier(q.quoted)
 			if err != nil {
@@ -120,6 +121,7 @@ func FuzzOptions(f *testing.F) {
 			defaults.messageIndex(), got.messageIndex(),
 			defaults.qualifiedHeartbeatTable(), got.qualifiedHeartbeatTable(),
 			defaults.heartbeatIndex(), got.heartbeatIndex(),
+			defaults.qualifiedStrategyTable(), got.qualifiedStrategyTable(),
 		)
 		gotStmts := sqlOf(got)
 		for i := range gotStmts {
@@ -164,7 +166,7 @@ func sqlOf(o Options) []string {
 	s := newStatements(o)
 	hb := newBeatStatements(o)
 	r := newRouterStatements(o.qualifiedMessageTable())
-	a := newAdvisoryStatements(o.qualifiedAdvisoryTable())
+	a := newAdvisoryStatements(o.qualifiedAdvisoryTable(), o.qualifiedStrategyTable())
 	script, err := migrationScript(o)
 	if err != nil {
 		script = "error: " + err.Error()
@@ -192,6 +194,9 @@ func documentedOptions(o Options) Options {
 	if o.HeartbeatTable == "" {
 		o.HeartbeatTable = "leader_heartbeats"
 	}
+	if o.StrategyTable == "" {
+		o.StrategyTable = "leader_strategies"
+	}
 	short := func(s string) string {
 		if len(s) <= 63 {
 			return s
@@ -217,7 +222,7 @@ func brokenOptions(o Options) map[string]string {
 	for field, v := range map[string]string{
 		"Schema": o.Schema, "Table": o.Table, "AdvisoryTable": o.AdvisoryTable,
 		"MessageTable": o.MessageTable, "Channel": o.Channel, "MessageChannel": o.MessageChannel,
-		"HeartbeatTable": o.HeartbeatTable,
+		"HeartbeatTable": o.HeartbeatTable, "StrategyTable": o.StrategyTable,
 	} {
 		switch {
 		case len(v) > 63:
@@ -239,6 +244,9 @@ func brokenOptions(o Options) map[string]string {
 	}
 	if o.HeartbeatTable == o.Table || o.HeartbeatTable == o.AdvisoryTable || o.HeartbeatTable == o.MessageTable {
 		broken["HeartbeatTable"] = "differs from the other tables"
+	}
+	if o.StrategyTable == o.Table || o.StrategyTable == o.AdvisoryTable || o.StrategyTable == o.MessageTable || o.StrategyTable == o.HeartbeatTable {
+		broken["StrategyTable"] = "differs from the other tables"
 	}
 	return broken
 }

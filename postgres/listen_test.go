@@ -274,7 +274,11 @@ func TestParsePayload(t *testing.T) {
 func TestWatchFreeSkipsGrants(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	advisory := setupAdvisory(t, b.pool, Options{})
+	// The same names on both strategies: the advisory store looks for the
+	// lease strategy's leases in a lease table of its own, so that it is
+	// not refused the names the lease store used (see StrategyOf), and
+	// shares the lease store's channel.
+	advisory := setupAdvisory(t, b.pool, Options{Table: "advisory_test_leases", Channel: b.store.opts.Channel})
 	advisory.onListen = b.store.onListen // both report to b.listening
 	for _, st := range []struct {
 		strategy string

@@ -99,6 +99,7 @@ func migrationScript(opts Options) (string, error) {
 			"{{message_index}}", opts.messageIndex(),
 			"{{heartbeat_table}}", opts.qualifiedHeartbeatTable(),
 			"{{heartbeat_index}}", opts.heartbeatIndex(),
+			"{{strategy_table}}", opts.qualifiedStrategyTable(),
 		).Replace(string(sql)))
 		b.WriteString("\n")
 	}

@@ -27,6 +27,9 @@ const (
 	// DefaultHeartbeatTable is the table used when Options.HeartbeatTable
 	// is empty.
 	DefaultHeartbeatTable = "leader_heartbeats"
+	// DefaultStrategyTable is the table used when Options.StrategyTable
+	// is empty.
+	DefaultStrategyTable = "leader_strategies"
 	// DefaultTakeoverGrace is Options.TakeoverGrace when it is zero.
 	DefaultTakeoverGrace = 50 * time.Millisecond
 )
@@ -67,6 +70,14 @@ type Options struct {
 	// DefaultHeartbeatTable ("leader_heartbeats"). At most 63 bytes; any
 	// valid UTF-8 but NUL (it is always quoted).
 	HeartbeatTable string
+
+	// StrategyTable is the name of the table that records which strategy
+	// each election name is elected with, so that the lease and advisory
+	// strategies never both grant one name (see "One strategy per name" in
+	// the package documentation). Default DefaultStrategyTable
+	// ("leader_strategies"). At most 63 bytes; any valid UTF-8 but NUL (it
+	// is always quoted).
+	StrategyTable string
 
 	// Channel is the LISTEN/NOTIFY channel for the stores' wake-ups. The
 	// payload of a release is the election name ("~r" and the name, for a
@@ -137,6 +148,9 @@ func (o Options) withDefaults() Options {
 	if o.HeartbeatTable == "" {
 		o.HeartbeatTable = DefaultHeartbeatTable
 	}
+	if o.StrategyTable == "" {
+		o.StrategyTable = DefaultStrategyTable
+	}
 	if o.Channel == "" {
 		o.Channel = defaultChannel(o.Schema, o.Table)
 	}
@@ -174,6 +188,7 @@ func (o Options) validate() error {
 		{"AdvisoryTable", o.AdvisoryTable},
 		{"MessageTable", o.MessageTable},
 		{"HeartbeatTable", o.HeartbeatTable},
+		{"StrategyTable", o.StrategyTable},
 		{"Channel", o.Channel},
 		{"MessageChannel", o.MessageChannel},
 	} {
@@ -196,6 +211,8 @@ func (o Options) validate() error {
 		return &OptionsError{Field: "MessageTable", Value: o.MessageTable, Rule: "must differ from AdvisoryTable"}
 	case o.HeartbeatTable == o.Table || o.HeartbeatTable == o.AdvisoryTable || o.HeartbeatTable == o.MessageTable:
 		return &OptionsError{Field: "HeartbeatTable", Value: o.HeartbeatTable, Rule: "must differ from Table, AdvisoryTable and MessageTable"}
+	case o.StrategyTable == o.Table || o.StrategyTable == o.AdvisoryTable || o.StrategyTable == o.MessageTable || o.StrategyTable == o.HeartbeatTable:
+		return &OptionsError{Field: "StrategyTable", Value: o.StrategyTable, Rule: "must differ from Table, AdvisoryTable, MessageTable and HeartbeatTable"}
 	case o.MessageChannel == o.Channel:
 		return &OptionsError{Field: "MessageChannel", Value: o.MessageChannel, Rule: "must differ from Channel"}
 	}
@@ -226,6 +243,12 @@ func (o Options) qualifiedMessageTable() string {
 // lease strategy's heartbeat table.
 func (o Options) qualifiedHeartbeatTable() string {
 	return pgx.Identifier{o.Schema, o.HeartbeatTable}.Sanitize()
+}
+
+// qualifiedStrategyTable returns the quoted, schema-qualified name of the
+// table of each name's strategy.
+func (o Options) qualifiedStrategyTable() string {
+	return pgx.Identifier{o.Schema, o.StrategyTable}.Sanitize()
 }
 
 // heartbeatIndex returns the quoted name of the lease table's index on its

@@ -47,7 +47,8 @@ func appGrants(role, database string) []string {
 	return []string{
 		"GRANT CONNECT ON DATABASE " + db + " TO " + r,
 		"GRANT USAGE ON SCHEMA public TO " + r,
-		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_heartbeats TO " + r,
+		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO " + r,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO " + r,
 	}
 }
@@ -231,9 +232,10 @@ func TestLeastPrivilege(t *testing.T) {
 		}
 		want := []string{
 			"leader_advisory INSERT,SELECT,UPDATE",
-			"leader_heartbeats INSERT,SELECT,UPDATE",
+			"leader_heartbeats DELETE,INSERT,SELECT,UPDATE",
 			"leader_leases INSERT,SELECT,UPDATE",
 			"leader_messages DELETE,INSERT,SELECT,UPDATE",
+			"leader_strategies INSERT,SELECT,UPDATE",
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("table privileges of %s: %q; want %q", role.name, got, want)
@@ -345,12 +347,12 @@ func TestLeastPrivilege(t *testing.T) {
 
 	t.Run("two electors on the lease strategy elect one leader and hand over", func(t *testing.T) {
 		t.Parallel()
-		electAndHandOver(t, role, func(t *testing.T, instance string) leader.Store { return role.leaseStore(t, instance) })
+		electAndHandOver(t, role, "handover-lease", func(t *testing.T, instance string) leader.Store { return role.leaseStore(t, instance) })
 	})
 
 	t.Run("two electors on the advisory strategy elect one leader and hand over", func(t *testing.T) {
 		t.Parallel()
-		electAndHandOver(t, role, func(t *testing.T, instance string) leader.Store { return role.advisoryStore(t, instance) })
+		electAndHandOver(t, role, "handover-advisory", func(t *testing.T, instance string) leader.Store { return role.advisoryStore(t, instance) })
 	})
 
 	t.Run("the router delivers best-effort and durable messages", func(t *testing.T) {
@@ -359,17 +361,17 @@ func TestLeastPrivilege(t *testing.T) {
 	})
 }
 
-// electAndHandOver runs two Electors as role, each on a store of its own
+// electAndHandOver runs two Electors of name as role, each on a store of its own
 // from newStore, checks that exactly one leads, stops it, and checks that
 // the other takes over at once (woken by NOTIFY or the lock waiter, not at
 // the TTL) with a greater term.
-func electAndHandOver(t *testing.T, role appRole, newStore func(t *testing.T, instance string) leader.Store) {
+func electAndHandOver(t *testing.T, role appRole, name string, newStore func(t *testing.T, instance string) leader.Store) {
 	const ttl = 15 * time.Second // a takeover that waited for it would show
 	h := electortest.NewHistory()
 	var es []*leader.Elector
 	stops := map[*leader.Elector]func(){}
 	for _, id := range []string{"a", "b"} {
-		cfg := leader.Config{Name: "handover", ID: id, TTL: ttl, Logger: role.logger(id)}
+		cfg := leader.Config{Name: name, ID: id, TTL: ttl, Logger: role.logger(id)}
 		cfg.OnElected, cfg.OnDemoted = h.Hooks(t, id)
 		e, err := leader.New(newStore(t, id), cfg)
 		if err != nil {

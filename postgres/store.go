@@ -20,7 +20,29 @@
 // Both grow a fencing term at every grant, judge time on the server's clock
 // or the server's own timers, send wake-ups with NOTIFY, and pass the
 // conformance suite (leadertest.TestStore). [Migrate] creates the tables of
-// both and the Router's. A name must be elected with one strategy only.
+// both and the Router's.
+//
+// # One strategy per name
+//
+// A name is elected with one strategy at a time, and the stores enforce it:
+// the strategy table (Options.StrategyTable, by default
+// public.leader_strategies) records each name's strategy, every grant locks
+// the name's row there and grants only under its own strategy, and a
+// candidate of the other strategy is refused with a [*StrategyConflictError]
+// (which names the name and both strategies, and wraps
+// [leader.ErrPermanent], so that an Elector's Run returns it at once)
+// while the name's lease is held under the strategy that has it, or was
+// held or released there within the last TTL. A fleet half-way through a
+// change of strategy, or a typo in one instance's configuration, is loud
+// and never elects twice. Terms stay unique and growing per name across
+// strategies: a name that moves keeps counting from the other strategy's
+// last term.
+//
+// To move a name from one strategy to the other, stop every candidate of
+// the old strategy, then start the new ones: they are granted the name a
+// TTL after the old leader released it (or, for an advisory leader that
+// went without a release, a TTL after a new candidate first saw it gone).
+// [StrategyOf] tells which strategy a name uses.
 //
 // # Connection poolers
 //
@@ -41,7 +63,8 @@
 //
 //	GRANT CONNECT ON DATABASE app TO leader_app;
 //	GRANT USAGE ON SCHEMA public TO leader_app;
-//	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_heartbeats TO leader_app;
+//	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO leader_app;
+//	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO leader_app;
 //
 // The message table's identity sequence needs no grant, and LISTEN,
@@ -210,6 +233,18 @@
 // the server cannot be reached or the connection broke, and the context's
 // error when ctx ended. Passwords never appear in them.
 //
+// Errors that retrying will not mend wrap [leader.ErrPermanent] and say
+// what to do: a refused password or login (SQLSTATE 28P01, 28000), an
+// unknown database (3D000), missing tables (42P01, 3F000: run `leader
+// migrate` or [Migrate]), a missing privilege (42501, with the GRANT to
+// run, see Privileges), and a [*StrategyConflictError]. An Elector's Run
+// returns the first such error that comes before any of its store calls
+// succeeded, so that a misconfigured service fails at start; after one has
+// succeeded, it logs them at ERROR, shows them in Status.Problem (and
+// leaderhttp's /healthz), and retries with backoff, since a DBA may mend
+// the grants while the service runs. A server that stays read-only for a
+// whole TTL from the start (a standby) ends Run the same way.
+//
 // A call cut short by its context closes its connection, but a statement
 // that was waiting for a row lock may still run on the server once the lock
 // is released: as for any write that fails with ErrUnavailable, its outcome
@@ -326,12 +361,28 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 		return leader.Lease{}, false, err
 	}
 	var (
-		r        leaseRow
-		granted  bool
-		notified int64
+		r              leaseRow
+		granted, mine  bool
+		notified       int64
+		err            error
 	)
-	err := s.pool.QueryRow(ctx, s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel).
-		Scan(&granted, &r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining, &notified)
+	for claimed := false; ; claimed = true {
+		err = s.pool.QueryRow(ctx, s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel).
+			Scan(&granted, &r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining, &notified, &mine)
+		if err != nil || mine || claimed {
+			break
+		}
+		// The name is not (yet) the lease strategy's: claim it, which
+		// fails with a *StrategyConflictError while the advisory
+		// strategy uses it, and try again.
+		if err := claimStrategy(ctx, s.pool, s.opts, name, StrategyLease, ttl); err != nil {
+			return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
+		}
+	}
+	if err == nil && !mine {
+		// Claimed, and moved back before the second try: refused.
+		return leader.Lease{}, false, wrapError(ctx, call(op, name), errStrategyMoved)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Not granted, and the row that refused us was committed after
 		// the statement began, so the statement's snapshot cannot show

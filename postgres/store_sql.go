@@ -37,7 +37,7 @@ var (
 )
 
 func newStatements(opts Options) statements {
-	table, hb := opts.qualifiedTable(), opts.qualifiedHeartbeatTable()
+	table, hb, st := opts.qualifiedTable(), opts.qualifiedHeartbeatTable(), opts.qualifiedStrategyTable()
 	return statements{
 		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel.
 		//
@@ -61,20 +61,30 @@ func newStatements(opts Options) statements {
 		// committed meanwhile is then not seen, and the lease may be
 		// reported free when it is not, which costs the caller one more
 		// attempt but grants it nothing.
+		//
+		// "st" locks the name's row of the strategy table (FOR KEY SHARE,
+		// which only a claim's FOR UPDATE waits for) if it names the lease
+		// strategy; only then is anything granted, with a term above the
+		// row's term_floor. The last column, "mine", says whether it did:
+		// when it is false the caller claims the name (claimStrategy) and
+		// tries again. The third branch answers for a name with no row in
+		// either table.
 		acquire: fmt.Sprintf(`
-WITH killed AS (
+WITH st AS MATERIALIZED (
+	SELECT s.term_floor FROM %[7]s AS s WHERE s.name = $1 AND s.strategy = 'lease' FOR KEY SHARE
+), killed AS (
 	UPDATE %[5]s AS h SET dead = true
 	FROM %[1]s AS k
 	WHERE k.name = $1 AND h.id = k.heartbeat AND h.expires_at <= clock_timestamp()
 	RETURNING h.id
 ), granted AS (
 	INSERT INTO %[1]s AS l (name, term, holder_token, holder_id, acquired_at, renewed_at, expires_at)
-	SELECT $1, 1, $2, $3, c.now, c.now, c.now + $4::interval
-	FROM clock_timestamp() AS c(now)
+	SELECT $1, st.term_floor + 1, $2, $3, c.now, c.now, c.now + $4::interval
+	FROM clock_timestamp() AS c(now), st
 	ON CONFLICT (name) DO UPDATE
 	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat) = (
-		SELECT l.term + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL
-		FROM clock_timestamp() AS c(now)
+		SELECT greatest(l.term, st.term_floor) + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL
+		FROM clock_timestamp() AS c(now), st
 	)
 	WHERE l.holder_token IS NULL
 		OR l.holder_token = excluded.holder_token
@@ -92,13 +102,17 @@ WITH killed AS (
 	FOR UPDATE OF l
 )
 SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
-	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable)
+	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable), true
 FROM granted AS g
 UNION ALL
 SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, nullif(l.expires_at, '-infinity'),
-	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0
+	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0, EXISTS (SELECT FROM st)
 FROM existing AS l, clock_timestamp() AS c(now)
-WHERE NOT EXISTS (SELECT FROM granted)`, table, grantPayload, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb)),
+WHERE NOT EXISTS (SELECT FROM granted)
+UNION ALL
+SELECT false, 0::bigint, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, false
+WHERE NOT EXISTS (SELECT FROM st) AND NOT EXISTS (SELECT FROM %[1]s AS l WHERE l.name = $1)`,
+			table, grantPayload, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), st),
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired
@@ -125,7 +139,8 @@ RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_
 		release: fmt.Sprintf(`
 WITH released AS (
 	UPDATE %[1]s AS l
-	SET holder_token = NULL, holder_id = '', acquired_at = NULL, renewed_at = NULL, expires_at = NULL, heartbeat = NULL
+	SET holder_token = NULL, holder_id = '', acquired_at = NULL, renewed_at = NULL, expires_at = NULL, heartbeat = NULL,
+		released_at = clock_timestamp()
 	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
 		AND %[3]s > clock_timestamp()
 	RETURNING l.name
