@@ -361,10 +361,10 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 		return leader.Lease{}, false, err
 	}
 	var (
-		r              leaseRow
-		granted, mine  bool
-		notified       int64
-		err            error
+		r             leaseRow
+		granted, mine bool
+		notified      int64
+		err           error
 	)
 	for claimed := false; ; claimed = true {
 		err = s.pool.QueryRow(ctx, s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel).
