@@ -15,6 +15,10 @@
 //
 // Tests that stop or restart the server use a private cluster from
 // NewCluster, so that they do not disturb the tests running beside them.
+// Tests of a failover use NewReplicatedCluster: a private primary with a
+// streaming standby, whose replication, and whose clients' connections to
+// the primary, pass through proxies the test can cut or black-hole, and
+// whose standby the test can promote.
 //
 // When the binary dies without returning from Main (a panic, a test
 // timeout, a kill), a small watchdog process notices that its pipe from the

@@ -48,7 +48,28 @@ log_min_messages = warning
 log_connections = off
 `
 
+// startServer starts a throwaway cluster: a fresh data directory made by
+// initdb, with serverSettings in postgresql.conf.
 func startServer() (*localServer, error) {
+	s, err := newLocalServer()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.initdb(); err != nil {
+		return nil, errors.Join(err, s.close())
+	}
+	if err := s.start(); err != nil {
+		return nil, errors.Join(err, s.close())
+	}
+	return s, nil
+}
+
+// newLocalServer prepares a throwaway cluster without a data directory: it
+// finds the binaries, makes the temporary directory (owned by the server's
+// OS user) and starts the watchdog. Its caller makes the data directory
+// (initdb, or pg_basebackup for a standby) and starts the server; on
+// failure it calls close.
+func newLocalServer() (*localServer, error) {
 	binDir, err := findBinDir()
 	if err != nil {
 		return nil, err
@@ -84,14 +105,6 @@ func startServer() (*localServer, error) {
 		os.RemoveAll(s.rootDir)
 		return nil, err
 	}
-	if err := s.initdb(); err != nil {
-		s.close()
-		return nil, err
-	}
-	if err := s.start(); err != nil {
-		s.close()
-		return nil, err
-	}
 	return s, nil
 }
 
@@ -124,13 +137,20 @@ func (s *localServer) initdb() error {
 	if err != nil {
 		return fmt.Errorf("pgtest: initdb in %s: %w\n%s", s.binDir, err, out)
 	}
-	conf, err := os.OpenFile(filepath.Join(s.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	return s.appendToFile("postgresql.conf", fmt.Sprintf(serverSettings, s.rootDir))
+}
+
+// appendToFile appends text to one of the files of the data directory
+// (postgresql.conf, pg_hba.conf). The server reads it at its next start or
+// reload.
+func (s *localServer) appendToFile(name, text string) error {
+	f, err := os.OpenFile(filepath.Join(s.dataDir, name), os.O_APPEND|os.O_WRONLY, 0)
 	if err == nil {
-		_, err = fmt.Fprintf(conf, serverSettings, s.rootDir)
-		err = errors.Join(err, conf.Close())
+		_, err = f.WriteString(text)
+		err = errors.Join(err, f.Close())
 	}
 	if err != nil {
-		return fmt.Errorf("pgtest: writing postgresql.conf: %w", err)
+		return fmt.Errorf("pgtest: writing %s: %w", name, err)
 	}
 	return nil
 }

@@ -3,8 +3,6 @@ package pgtest
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 )
 
@@ -50,13 +48,8 @@ func (s *localServer) appendSettings(lines []string) error {
 			return fmt.Errorf("pgtest: setting %q spans lines", l)
 		}
 	}
-	conf, err := os.OpenFile(filepath.Join(s.dataDir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err == nil {
-		_, err = fmt.Fprintf(conf, "\n%s\n", strings.Join(lines, "\n"))
-		err = errors.Join(err, conf.Close())
-	}
-	if err != nil {
-		return fmt.Errorf("pgtest: writing postgresql.conf: %w", err)
+	if err := s.appendToFile("postgresql.conf", "\n"+strings.Join(lines, "\n")+"\n"); err != nil {
+		return err
 	}
 	if err := s.stop("fast"); err != nil {
 		return err
