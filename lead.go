@@ -85,15 +85,23 @@ func (t *tenure) extend(sent, contact time.Time, l Lease) {
 }
 
 // unreachable returns conn_lost or error, for a stop point reached after
-// failed renewals.
+// failed renewals, and the error that says why: the last renewal's, or,
+// when none failed, that none was answered in time.
 func (t *tenure) unreachable() (LossReason, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.lastErr != nil && !errors.Is(t.lastErr, context.DeadlineExceeded) && !errors.Is(t.lastErr, ErrUnavailable) {
+	switch {
+	case t.lastErr == nil:
+		return LossConnLost, errNoAnswer
+	case !errors.Is(t.lastErr, context.DeadlineExceeded) && !errors.Is(t.lastErr, ErrUnavailable):
 		return LossError, t.lastErr
 	}
 	return LossConnLost, t.lastErr
 }
+
+// errNoAnswer is why a leader stepped down at its stop point when no
+// renewal failed: none was answered before it.
+var errNoAnswer = errors.New("leader: no renewal was answered before the stop point (the store is slow to answer, or its calls wait for a connection)")
 
 // lead holds the lease granted at sent until it is lost, then steps down and
 // returns why. It implements DESIGN.md invariants 1 and 5: the local deadline

@@ -144,3 +144,32 @@ func TestPermanentErrors(t *testing.T) {
 		stop()
 	})
 }
+
+// TestStepDownLogNamesTheCause checks that a leader whose renewals are
+// never answered, so that none fails, logs why it stepped down: no log line of an error says
+// error=<nil>.
+func TestStepDownLogNamesTheCause(t *testing.T) {
+	t.Parallel()
+	store := newFaultStore(leadertest.NewMemStore())
+	logs := new(electortest.LogBuffer)
+	cfg := testConfig("hung", "a")
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	e, err := leader.New(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runElector(t, e)
+	eventually(t, 10*time.Second, "leadership", e.IsLeader)
+	stuck := make(chan struct{})
+	store.set(func(f *faultStore) { f.stuckRenew = stuck }) // never answered, whatever its context
+	eventually(t, 10*time.Second, "the leader to step down", func() bool { return !e.IsLeader() })
+	close(stuck)
+	stop()
+	out := logs.String()
+	if strings.Contains(out, "error=<nil>") {
+		t.Errorf("a log line says error=<nil>:\n%s", out)
+	}
+	if !strings.Contains(out, "could not renew before the local deadline") {
+		t.Errorf("no step-down line in the log:\n%s", out)
+	}
+}

@@ -135,12 +135,10 @@
 //     change nothing: leader.ErrReadOnly) or when its session is ended,
 //     whichever comes first; grants are refused until the promotion.
 //   - pool-exhausted: the application's own work takes every connection
-//     of the leader's pool and holds each in a query for 1.5 TTL. Lease:
-//     the renewals wait for a connection until the leader's local
-//     deadline, it steps down (loss reason "conn_lost", asserted), and
-//     another candidate takes over once the lease has run out. Advisory:
-//     the store's sessions are not taken from the pool, so the leader leads
-//     on, which is allowed.
+//     of the leader's pool and holds each in a query for 1.5 TTL. The
+//     stores send their statements on connections of their own
+//     (postgres.Options.MaxConns), so the leader must lead on, on both
+//     strategies (asserted).
 //
 // At the end of a scenario, history.Check must find no overlap, no term
 // regression, and no takeover slower than 3 TTL plus the scenario's longest

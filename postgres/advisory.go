@@ -250,8 +250,12 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
+	own, err := newOwnPool(pool, opts)
+	if err != nil {
+		return nil, err
+	}
 	s := &AdvisoryStore{
-		pool:        pool,
+		pool:        own,
 		opts:        opts,
 		config:      config,
 		sql:         newAdvisoryStatements(opts.qualifiedAdvisoryTable(), opts.qualifiedStrategyTable()),
@@ -263,7 +267,10 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		sessionIdle: sessionIdle,
 		settleWait:  settleWait,
 	}
+	ctx, cancel := opts.bound(ctx)
+	defer cancel()
 	if err := s.check(ctx); err != nil {
+		own.Close()
 		return nil, err
 	}
 	s.bgCtx, s.stopBg = context.WithCancel(context.Background())
@@ -350,6 +357,8 @@ var errSessionReset = errors.New("session state unknown; connection closed, whic
 // Observe implements leader.Store. It reads the row and, in the same
 // statement, whether the recorded holder's backend holds the lock now.
 func (s *AdvisoryStore) Observe(ctx context.Context, name string) (leader.Lease, error) {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
 	hi, lo := keyHalves(s.Key(name))
 	var (
 		term       int64
@@ -408,4 +417,5 @@ func (s *AdvisoryStore) Close() {
 	}
 	s.wakeups.Close()
 	s.bg.Wait()
+	s.pool.Close()
 }

@@ -23,6 +23,8 @@ import (
 // attempt; once one that began after its call has ended with the lease
 // held, it is refused with that outcome, without a statement of its own.
 func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
 	const op = "acquire"
 	if err := checkTTL(op, name, ttl); err != nil {
 		return leader.Lease{}, false, err

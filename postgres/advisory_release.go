@@ -18,6 +18,8 @@ import (
 // advisoryStatements.releaseNotice). The session stays open for the next
 // campaign.
 func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term uint64) error {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
 	const op = "release"
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("postgres: %s: %w", call(op, name), err)

@@ -20,6 +20,8 @@ import (
 // returns an error wrapping leader.ErrLeaseLost: the lock cannot be renewed
 // from another session.
 func (s *AdvisoryStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
 	const op = "renew"
 	if err := checkTTL(op, name, ttl); err != nil {
 		return leader.Lease{}, err

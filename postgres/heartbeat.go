@@ -101,7 +101,11 @@ type beatStatements struct {
 	// One row per lease moved (or one row of NULLs): the heartbeat's
 	// expiry and time left, the count of leases that were under it when
 	// the statement began, and the lease moved. No row: the heartbeat
-	// was not renewed.
+	// was not renewed. insert also deletes up to 1,000 heartbeats of
+	// processes long gone ("swept"): expired for a minute and more, with
+	// no lease row naming them (nothing reads such a row again), skipping
+	// any another process is deleting; so the table stays the size of the
+	// live processes (one new heartbeat per store and TTL each start).
 	insert, renew string
 	// reconcile: $1 heartbeat id, $2 names, $3 tokens, $4 terms of the
 	// leases the store has under it. Takes out from under the heartbeat
@@ -129,10 +133,17 @@ FROM beat AS b LEFT JOIN moved AS m ON true`, table, expiry(hbTable))
 		insert: fmt.Sprintf(`
 WITH durable AS (
 	SELECT %[2]s
+), swept AS (
+	DELETE FROM %[1]s AS g WHERE g.id IN (
+		SELECT o.id FROM %[1]s AS o
+		WHERE o.expires_at < clock_timestamp() - interval '1 minute'
+			AND NOT EXISTS (SELECT FROM %[3]s AS l WHERE l.heartbeat = o.id)
+		LIMIT 1000
+		FOR UPDATE SKIP LOCKED)
 ), beat AS (
 	INSERT INTO %[1]s AS h (id, expires_at)
 	SELECT $1, clock_timestamp() + $2::interval FROM durable
-	RETURNING h.expires_at`, hbTable, durableCommit) + move,
+	RETURNING h.expires_at`, hbTable, durableCommit, table) + move,
 		// The renewal is an UPDATE: if a statement taking over one of
 		// its leases marked it dead meanwhile, it waits for that
 		// statement and then finds the heartbeat dead.
@@ -168,6 +179,8 @@ WHERE l.heartbeat = $1`, table, hbTable),
 // documentation). The Electors of a process that share the store renew
 // this way, once per renew round for all their names.
 func (s *LeaseStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
 	byTTL := map[time.Duration][]*leader.Renewal{}
 	var ttls []time.Duration
 	for i := range batch {
@@ -270,6 +283,9 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 		if !created {
 			// Its row may or may not exist: never use the id again.
 			s.beats.drop(hb)
+		}
+		if note := exhausted(ctx, s.pool); note != "" {
+			err = fmt.Errorf("%w (%s)", err, note)
 		}
 		for _, r := range group {
 			r.Err = wrapError(ctx, call("renew", r.Name), err)

@@ -361,3 +361,45 @@ func TestARefusedAcquireDoesNotWaitForTheHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNewHeartbeatSweepsThoseOfGoneProcesses checks that a store's new
+// heartbeat deletes the heartbeat rows of processes long gone (expired for
+// a minute, named by no lease row), and keeps those a lease row names and
+// those that are live or only just expired.
+func TestNewHeartbeatSweepsThoseOfGoneProcesses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s, pool := b.store, b.pool
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(callCtx(t), sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 50 {
+		exec(`INSERT INTO leader_heartbeats (id, expires_at) VALUES ($1, clock_timestamp() - interval '2 hours')`, fmt.Sprintf("gone-%02d", i))
+	}
+	exec(`INSERT INTO leader_heartbeats (id, expires_at) VALUES ('named', clock_timestamp() - interval '2 hours')`)
+	exec(`INSERT INTO leader_leases (name, term, heartbeat) VALUES ('old', 7, 'named')`)
+	exec(`INSERT INTO leader_heartbeats (id, expires_at) VALUES ('recent', clock_timestamp() - interval '10 seconds')`)
+	exec(`INSERT INTO leader_heartbeats (id, expires_at) VALUES ('live', clock_timestamp() + interval '1 hour')`)
+
+	alice := candidate("alice")
+	l := mustGrant(t, s, "sweep", alice, 30*time.Second)
+	mustRenewBatch(t, s, renewals(alice, 30*time.Second, l)) // makes this store's heartbeat
+	mine := heartbeatOf(t, pool, "sweep")
+
+	rows, err := pool.Query(callCtx(t), `SELECT id FROM leader_heartbeats ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"live", mine, "named", "recent"}
+	slices.Sort(want)
+	if !slices.Equal(left, want) {
+		t.Errorf("heartbeats left: %q; want %q", left, want)
+	}
+}

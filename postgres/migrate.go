@@ -39,7 +39,9 @@ var migrateLockKey = func() int64 {
 // step (see Privileges in the package documentation).
 //
 // It returns an *OptionsError if opts break a rule, and an error wrapping
-// leader.ErrReadOnly on a read-only server.
+// leader.ErrReadOnly on a read-only server. Under a ctx without a deadline
+// it gives up after opts.CallTimeout (30s by default), even on a server
+// that accepts the connection and never answers.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	if pool == nil {
 		return fmt.Errorf("postgres: migrate: pool is nil")
@@ -52,6 +54,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("postgres: migrate: %w", err)
 	}
+	ctx, cancel := opts.bound(ctx)
+	defer cancel()
 	what := fmt.Sprintf("migrate schema %q", opts.Schema)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
@@ -100,6 +104,7 @@ func migrationScript(opts Options) (string, error) {
 			"{{heartbeat_table}}", opts.qualifiedHeartbeatTable(),
 			"{{heartbeat_index}}", opts.heartbeatIndex(),
 			"{{strategy_table}}", opts.qualifiedStrategyTable(),
+			"{{status_view}}", opts.qualifiedStatusView(),
 		).Replace(string(sql)))
 		b.WriteString("\n")
 	}

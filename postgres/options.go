@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -30,6 +31,14 @@ const (
 	// DefaultStrategyTable is the table used when Options.StrategyTable
 	// is empty.
 	DefaultStrategyTable = "leader_strategies"
+	// DefaultMaxConns is Options.MaxConns when it is zero.
+	DefaultMaxConns = 2
+	// DefaultCallTimeout is Options.CallTimeout when it is zero.
+	DefaultCallTimeout = 30 * time.Second
+	// DefaultConnectTimeout bounds the opening of each of a store's own
+	// connections when the pool's configuration sets no connect timeout
+	// (connect_timeout in the connection string).
+	DefaultConnectTimeout = 10 * time.Second
 	// DefaultTakeoverGrace is Options.TakeoverGrace when it is zero.
 	DefaultTakeoverGrace = 50 * time.Millisecond
 )
@@ -105,6 +114,30 @@ type Options struct {
 	// least 0.
 	TakeoverGrace time.Duration
 
+	// MaxConns is how many connections of its own each LeaseStore and
+	// AdvisoryStore opens at most, from the configuration of the pool given
+	// to it, for its statements: they never wait for one of the pool's
+	// connections, so a service whose own work holds every connection of
+	// its pool keeps its leadership. A LeaseStore sends every statement on
+	// them (a process renews all its leases in one statement per round); an
+	// AdvisoryStore, whose candidates have a session each besides, sends
+	// Observe and its first claim of a name on them. They are opened as
+	// needed and closed when idle (the pool's MaxConnIdleTime), and closed
+	// by Close. Besides them, each store keeps one connection for its
+	// wake-ups, and an AdvisoryStore one per candidate and per watched
+	// name. Default DefaultMaxConns (2); at least 1.
+	MaxConns int32
+
+	// CallTimeout bounds each store call whose context has no deadline
+	// (context.Background(), say), and Migrate: every call ends, even on a
+	// server that accepts connections and never answers. It is also the
+	// statement_timeout of the store's own connections, unless the pool's
+	// configuration sets one. Their connections are opened within
+	// DefaultConnectTimeout unless the configuration sets a
+	// connect_timeout. Electors give every call a deadline of their own.
+	// Default DefaultCallTimeout (30s); at least 0.
+	CallTimeout time.Duration
+
 	// Key returns the advisory lock key for an election name (the advisory
 	// strategy only). Default AdvisoryKey. Every AdvisoryStore on one
 	// database must use the same Key; see AdvisoryKey for the collision
@@ -163,6 +196,12 @@ func (o Options) withDefaults() Options {
 	if o.TakeoverGrace == 0 {
 		o.TakeoverGrace = DefaultTakeoverGrace
 	}
+	if o.MaxConns == 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = DefaultCallTimeout
+	}
 	return o
 }
 
@@ -219,6 +258,12 @@ func (o Options) validate() error {
 	if o.TakeoverGrace < 0 {
 		return &OptionsError{Field: "TakeoverGrace", Value: o.TakeoverGrace.String(), Rule: "must be at least 0"}
 	}
+	if o.MaxConns < 1 {
+		return &OptionsError{Field: "MaxConns", Value: strconv.Itoa(int(o.MaxConns)), Rule: "must be at least 1"}
+	}
+	if o.CallTimeout < 0 {
+		return &OptionsError{Field: "CallTimeout", Value: o.CallTimeout.String(), Rule: "must be at least 0"}
+	}
 	return nil
 }
 
@@ -249,6 +294,14 @@ func (o Options) qualifiedHeartbeatTable() string {
 // table of each name's strategy.
 func (o Options) qualifiedStrategyTable() string {
 	return pgx.Identifier{o.Schema, o.StrategyTable}.Sanitize()
+}
+
+// qualifiedStatusView returns the quoted, schema-qualified name of the
+// view that shows who holds each name (migration 006): the lease table's
+// name followed by "_status", in the tables' schema, shortened like
+// Channel when too long.
+func (o Options) qualifiedStatusView() string {
+	return pgx.Identifier{o.Schema, shortName(o.Table + "_status")}.Sanitize()
 }
 
 // heartbeatIndex returns the quoted name of the lease table's index on its

@@ -262,6 +262,8 @@ func (r *Router) Handle(channel string, h Handler) error {
 // channel. payload must be at most MaxNotifyPayloadLen (7999) bytes; use
 // NotifyDurable for more.
 func (r *Router) Notify(ctx context.Context, channel, payload string) error {
+	ctx, cancel := r.opts.bound(ctx)
+	defer cancel()
 	if err := r.check(channel, payload, MaxNotifyPayloadLen); err != nil {
 		return err
 	}
@@ -275,6 +277,8 @@ func (r *Router) Notify(ctx context.Context, channel, payload string) error {
 // the leader, in one statement. Once it returns nil, the message will be
 // delivered to a leader's handler for channel at least once (see Router).
 func (r *Router) NotifyDurable(ctx context.Context, channel, payload string) error {
+	ctx, cancel := r.opts.bound(ctx)
+	defer cancel()
 	if err := r.check(channel, payload, -1); err != nil {
 		return err
 	}
@@ -288,6 +292,8 @@ func (r *Router) NotifyDurable(ctx context.Context, channel, payload string) err
 // outbox): the message exists, and the leader hears of it, only if and when
 // tx commits. tx must be on the database of the Router's pool.
 func (r *Router) NotifyDurableTx(ctx context.Context, tx pgx.Tx, channel, payload string) error {
+	ctx, cancel := r.opts.bound(ctx)
+	defer cancel()
 	if tx == nil {
 		return fmt.Errorf("postgres: %s: tx is nil", call("notify durable", channel))
 	}

@@ -93,6 +93,17 @@
 //	expires_at    when the lease runs out unless renewed; NULL while free;
 //	              'infinity' while it is under a heartbeat
 //	heartbeat     the heartbeat the lease is under, or NULL (see Heartbeats)
+//	released_at   when the lease was last released
+//
+// To see who holds each name and until when, read the view that Migrate
+// creates beside it (by default public.leader_leases_status), which
+// shows both strategies' leases on the server's clock, a lease under a
+// heartbeat with its heartbeat's expiry:
+//
+//	SELECT name, strategy, holder_id, term, expires_at FROM leader_leases_status WHERE held;
+//
+// A monitoring role needs only GRANT SELECT on the view, and on the tables
+// it reads.
 //
 // Rows are never deleted. A release clears the holder but keeps the term, so
 // the next grant is term+1 and terms never go back (DESIGN.md invariant 2).
@@ -174,8 +185,10 @@
 //     its own).
 //
 // The store makes a new heartbeat when it first renews with a TTL, and
-// after one died. Heartbeat rows are never deleted; there is one per store,
-// TTL and process start, a few dozen bytes each. A lease under a heartbeat
+// after one died. There is one heartbeat row per store, TTL and process
+// start, a few dozen bytes each; each new heartbeat deletes those of
+// processes long gone (expired for a minute, with no lease row naming
+// them), so the table stays the size of the live processes. A lease under a heartbeat
 // expires at 'infinity' on its row, so a client of a version before
 // heartbeats never takes it over (it cannot see the heartbeat expire):
 // upgrade every client of a lease table before relying on takeovers of
@@ -287,7 +300,10 @@ var (
 
 // NewLeaseStore returns a LeaseStore on the lease table that Migrate created
 // with the same opts, or an *OptionsError if opts break a rule. It does not
-// touch the database. The pool stays the caller's: Close does not close it.
+// touch the database. It sends its statements on connections of its own,
+// opened with pool's configuration (see Options.MaxConns), so that they
+// never wait behind the caller's work for one of pool's connections. The
+// pool stays the caller's: Close does not close it.
 func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 	if pool == nil {
 		return nil, errors.New("postgres: NewLeaseStore: pool is nil")
@@ -296,8 +312,12 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
+	own, err := newOwnPool(pool, opts)
+	if err != nil {
+		return nil, err
+	}
 	s := &LeaseStore{
-		pool:    pool,
+		pool:    own,
 		opts:    opts,
 		sql:     newStatements(opts),
 		beatSQL: newBeatStatements(opts),
@@ -309,6 +329,14 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 
 // Options returns the store's options with their defaults filled in.
 func (s *LeaseStore) Options() Options { return s.opts }
+
+// Close stops the store's wake-up listener and closes its own
+// connections; calls made after it fail. It does not close the pool given
+// to NewLeaseStore.
+func (s *LeaseStore) Close() {
+	s.wakeups.Close()
+	s.pool.Close()
+}
 
 // leaseRow is a lease as the statements return it.
 type leaseRow struct {
@@ -356,6 +384,8 @@ func checkTTL(op, name string, ttl time.Duration) error {
 // documentation), and sends a wake-up for a grant. When it grants nothing it
 // reports the holder and Remaining as computed on the server's clock.
 func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
 	const op = "acquire"
 	if err := checkTTL(op, name, ttl); err != nil {
 		return leader.Lease{}, false, err
@@ -410,6 +440,8 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 // under one. Renew calls that reach the store together are sent as one
 // statement (see renewBatcher). Electors renew with RenewBatch instead.
 func (s *LeaseStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
 	if err := checkRenew(name, term, ttl); err != nil {
 		return leader.Lease{}, err
 	}
@@ -424,6 +456,8 @@ func (s *LeaseStore) Renew(ctx context.Context, name, token string, term uint64,
 // is unexpired and held by token under term, keeping the term, and notifies
 // the watchers; otherwise it returns an error wrapping leader.ErrLeaseLost.
 func (s *LeaseStore) Release(ctx context.Context, name, token string, term uint64) error {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
 	const op = "release"
 	if term > math.MaxInt64 {
 		return fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
@@ -444,6 +478,8 @@ func (s *LeaseStore) Release(ctx context.Context, name, token string, term uint6
 // Observe implements leader.Store. It reports the lease without changing or
 // locking it; Remaining is computed on the server's clock.
 func (s *LeaseStore) Observe(ctx context.Context, name string) (leader.Lease, error) {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
 	return s.observe(ctx, "observe", name)
 }
 

@@ -217,6 +217,8 @@ func StrategyOf(ctx context.Context, pool *pgxpool.Pool, opts Options, name stri
 	if err := opts.validate(); err != nil {
 		return "", err
 	}
+	ctx, cancel := opts.bound(ctx)
+	defer cancel()
 	hb := opts.qualifiedHeartbeatTable()
 	var strategy string
 	err := pool.QueryRow(ctx, `SELECT coalesce(

@@ -9,8 +9,9 @@
 -- and not dead, and the statement that takes over a lease from an expired
 -- heartbeat marks it dead, so it can never come back to life.
 --
--- Rows are never deleted: a process makes a new heartbeat (a random id)
--- per store and TTL each time it starts, and one row is a few dozen bytes.
+-- A process makes a new heartbeat (a random id) per store and TTL each
+-- time it starts, and one row is a few dozen bytes; each new heartbeat
+-- deletes those of processes long gone (see beatStatements.insert).
 --
 -- {{heartbeat_table}} is replaced by the quoted, schema-qualified table
 -- name, {{table}} by the lease table's, {{heartbeat_index}} by the quoted

@@ -1,0 +1,59 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// newOwnPool returns the small pool of a store's own connections, made
+// from the caller's pool's configuration (the same server, credentials,
+// TLS and hooks): the store's statements never wait for one of the
+// caller's connections, so a service whose own work holds every
+// connection of its pool does not lose its leadership to that (see
+// Options.MaxConns). The pool opens connections as they are needed, at
+// most opts.MaxConns, each with a connect timeout (DefaultConnectTimeout
+// unless the caller's configuration sets one) and a server-side
+// statement_timeout of opts.CallTimeout (unless the caller's configuration
+// sets one). The store closes it in its Close.
+func newOwnPool(pool *pgxpool.Pool, opts Options) (*pgxpool.Pool, error) {
+	cfg := pool.Config()
+	cfg.MaxConns = opts.MaxConns
+	cfg.MinConns = 0
+	cfg.MinIdleConns = 0
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !ok {
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(opts.CallTimeout.Milliseconds(), 10)
+	}
+	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: the store's own connections: %w", err)
+	}
+	return own, nil
+}
+
+// bound returns ctx, bounded by opts.CallTimeout if it has no deadline of
+// its own: every store call ends even under context.Background().
+func (o Options) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, o.CallTimeout)
+}
+
+// exhausted returns a note on pool's use for an error of a call that
+// waited for one of its connections past its context's end, "" otherwise.
+func exhausted(ctx context.Context, pool *pgxpool.Pool) string {
+	if ctx.Err() == nil {
+		return ""
+	}
+	st := pool.Stat()
+	if st.AcquiredConns() < st.MaxConns() {
+		return ""
+	}
+	return fmt.Sprintf("all %d of the store's own connections were in use (the server is slow to answer, or the store serves too many calls for Options.MaxConns)", st.MaxConns())
+}
