@@ -212,9 +212,13 @@ func TestWatchChannelLifetime(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond) // poll interval
 		}
-		// The other methods keep working on the pool.
-		if _, err := s.Observe(callCtx(t), "n"); err != nil {
-			t.Fatalf("Observe after Close: %v", err)
+		// Close closed the store's own connections too: a call after it
+		// fails, and the caller's pool is untouched.
+		if _, err := s.Observe(callCtx(t), "n"); err == nil {
+			t.Error("Observe after Close succeeded")
+		}
+		if err := b.pool.Ping(callCtx(t)); err != nil {
+			t.Errorf("the caller's pool after the store's Close: %v", err)
 		}
 	})
 }

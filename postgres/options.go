@@ -130,9 +130,8 @@ type Options struct {
 
 	// CallTimeout bounds each store call whose context has no deadline
 	// (context.Background(), say), and Migrate: every call ends, even on a
-	// server that accepts connections and never answers. It is also the
-	// statement_timeout of the store's own connections, unless the pool's
-	// configuration sets one. Their connections are opened within
+	// server that accepts connections and never answers. The stores' own
+	// connections are opened within
 	// DefaultConnectTimeout unless the configuration sets a
 	// connect_timeout. Electors give every call a deadline of their own.
 	// Default DefaultCallTimeout (30s); at least 0.

@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"strconv"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -15,9 +14,10 @@ import (
 // connection of its pool does not lose its leadership to that (see
 // Options.MaxConns). The pool opens connections as they are needed, at
 // most opts.MaxConns, each with a connect timeout (DefaultConnectTimeout
-// unless the caller's configuration sets one) and a server-side
-// statement_timeout of opts.CallTimeout (unless the caller's configuration
-// sets one). The store closes it in its Close.
+// unless the caller's configuration sets one). (No statement_timeout is
+// added to the start-up parameters: PgBouncer refuses unknown ones; every
+// call is bounded by its context, see Options.bound.) The store closes it
+// in its Close.
 func newOwnPool(pool *pgxpool.Pool, opts Options) (*pgxpool.Pool, error) {
 	cfg := pool.Config()
 	cfg.MaxConns = opts.MaxConns
@@ -25,9 +25,6 @@ func newOwnPool(pool *pgxpool.Pool, opts Options) (*pgxpool.Pool, error) {
 	cfg.MinIdleConns = 0
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
-	}
-	if _, ok := cfg.ConnConfig.RuntimeParams["statement_timeout"]; !ok {
-		cfg.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(opts.CallTimeout.Milliseconds(), 10)
 	}
 	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {

@@ -411,7 +411,8 @@ func TestReadOnlyDatabaseIsReported(t *testing.T) {
 
 	db := pool.Config().ConnConfig.Database
 	pgtest.Shared(t).Exec(t, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET default_transaction_read_only = on")
-	pool.Reset() // new connections pick up the setting
+	pool.Reset()   // new connections pick up the setting
+	s.pool.Reset() // the store's own connections too
 
 	_, _, err := s.Acquire(callCtx(t), "ro", alice, time.Minute)
 	wantErrorIs(t, err, leader.ErrReadOnly, "acquire on a read-only database")

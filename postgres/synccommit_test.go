@@ -31,11 +31,14 @@ const crashCycles = 3
 
 // crashAndRestart stops the cluster as a crash would, starts it again, and
 // waits until pool can query it.
-func crashAndRestart(t *testing.T, cluster *pgtest.Cluster, pool *pgxpool.Pool) {
+func crashAndRestart(t *testing.T, cluster *pgtest.Cluster, pool *pgxpool.Pool, own ...*pgxpool.Pool) {
 	t.Helper()
 	cluster.StopImmediate(t)
 	cluster.Start(t)
 	pool.Reset() // its connections died with the server
+	for _, p := range own {
+		p.Reset() // a store's own connections, likewise
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		err := pool.Ping(callCtx(t))
@@ -74,7 +77,7 @@ func TestGrantsAndRenewalsSurviveACrash(t *testing.T) {
 			for range 20 {
 				l = mustGrant(t, s, name, alice, time.Hour)
 			}
-			crashAndRestart(t, cluster, pool)
+			crashAndRestart(t, cluster, pool, s.pool)
 			got, err := s.Observe(callCtx(t), name)
 			if err != nil {
 				t.Fatal(err)
@@ -91,7 +94,7 @@ func TestGrantsAndRenewalsSurviveACrash(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			crashAndRestart(t, cluster, pool)
+			crashAndRestart(t, cluster, pool, s.pool)
 			got, err = s.Observe(callCtx(t), name)
 			if err != nil {
 				t.Fatal(err)
@@ -121,7 +124,7 @@ func TestGrantsAndRenewalsSurviveACrash(t *testing.T) {
 			for range 20 {
 				l = mustAdvisoryGrant(t, s, name, alice)
 			}
-			crashAndRestart(t, cluster, pool)
+			crashAndRestart(t, cluster, pool, s.pool)
 			got, err := s.Observe(callCtx(t), name)
 			if err != nil {
 				t.Fatal(err)
@@ -134,7 +137,7 @@ func TestGrantsAndRenewalsSurviveACrash(t *testing.T) {
 			// only that grant is at stake.
 			checkpoint(t, pool)
 			l = mustAdvisoryGrant(t, s, name, alice)
-			crashAndRestart(t, cluster, pool)
+			crashAndRestart(t, cluster, pool, s.pool)
 			if got, err = s.Observe(callCtx(t), name); err != nil {
 				t.Fatal(err)
 			}
