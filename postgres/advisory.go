@@ -171,6 +171,9 @@ type AdvisoryStore struct {
 	sessionIdle time.Duration
 	// settleWait is the const settleWait; tests lengthen it.
 	settleWait time.Duration
+	// queueWait is the const queueWait; tests lengthen it, so that a busy
+	// machine does not make a wait run out that is meant to end first.
+	queueWait time.Duration
 }
 
 var (
@@ -262,6 +265,7 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		flights:     make(map[string]*flight),
 		sessionIdle: sessionIdle,
 		settleWait:  settleWait,
+		queueWait:   queueWait,
 	}
 	if err := s.check(ctx); err != nil {
 		return nil, err
