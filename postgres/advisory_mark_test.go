@@ -279,7 +279,13 @@ func TestAdvisoryFollowersWakeOncePerHandover(t *testing.T) {
 // reported before the grace has passed since the holder's session ended.
 func TestAdvisoryGraceCountsFromTheFreeing(t *testing.T) {
 	t.Parallel()
-	const grace = time.Second
+	// The candidate comes late, 3 s into the grace: a grant that counted the
+	// grace from the call would take all of it, and the margin between
+	// the two is wide enough for a busy machine.
+	const (
+		grace = 5 * time.Second
+		late  = 3 * time.Second
+	)
 	pool := pgtest.NewPool(t)
 	holders := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
 	others := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
@@ -298,7 +304,7 @@ func TestAdvisoryGraceCountsFromTheFreeing(t *testing.T) {
 	cut := time.Now()
 	holders.cutConnection(t, name)
 	waitWake(t, free, "after the holder's connection was cut")
-	time.Sleep(grace * 6 / 10)
+	time.Sleep(late) // the candidate comes late, not a wait for something
 	start := time.Now()
 	l, granted := mustAcquire(t, others, name, bob, time.Minute)
 	end := time.Now()
@@ -322,7 +328,7 @@ func TestAdvisoryGraceCountsFromTheFreeing(t *testing.T) {
 // since), so they cannot share the first.
 func TestAdvisoryCandidatesShareAnAttempt(t *testing.T) {
 	t.Parallel()
-	const grace = 500 * time.Millisecond // how long the first attempt lasts
+	const grace = 3 * time.Second // how long the first attempt lasts: long enough for the others to come during it on a busy machine
 	pool := pgtest.NewPool(t)
 	holders := setupAdvisory(t, pool, Options{})
 	s := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
