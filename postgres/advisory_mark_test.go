@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -211,15 +212,36 @@ func TestAdvisoryLockWaitersWaitOnTheHoldersMark(t *testing.T) {
 	}
 }
 
-// countingAdvisory counts an AdvisoryStore's Acquire calls.
+// countingAdvisory counts an AdvisoryStore's Acquire calls, by candidate
+// ID: those begun, and those that have returned.
 type countingAdvisory struct {
 	*AdvisoryStore
-	acquires atomic.Int64
+	mu       sync.Mutex
+	begun    map[string]int
+	returned map[string]int
+}
+
+func newCountingAdvisory(s *AdvisoryStore) *countingAdvisory {
+	return &countingAdvisory{AdvisoryStore: s, begun: make(map[string]int), returned: make(map[string]int)}
 }
 
 func (c *countingAdvisory) Acquire(ctx context.Context, name string, cand leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
-	c.acquires.Add(1)
+	c.mu.Lock()
+	c.begun[cand.ID]++
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.returned[cand.ID]++
+		c.mu.Unlock()
+	}()
 	return c.AdvisoryStore.Acquire(ctx, name, cand, ttl)
+}
+
+// counts returns a copy of the counts of calls begun and returned.
+func (c *countingAdvisory) counts() (begun, returned map[string]int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.begun), maps.Clone(c.returned)
 }
 
 // TestAdvisoryFollowersWakeOncePerHandover checks that followers whose
@@ -233,7 +255,7 @@ func TestAdvisoryFollowersWakeOncePerHandover(t *testing.T) {
 	const followers = 5
 	pool := pgtest.NewPool(t)
 	holders := setupAdvisory(t, pool, Options{})
-	others := &countingAdvisory{AdvisoryStore: setupAdvisory(t, pool, Options{})}
+	others := newCountingAdvisory(setupAdvisory(t, pool, Options{}))
 	const name = "once"
 	h := newBeliefs()
 	newElector := func(s leader.Store, id string) *leader.Elector {
@@ -252,23 +274,39 @@ func TestAdvisoryFollowersWakeOncePerHandover(t *testing.T) {
 	first := newElector(holders, "first")
 	electortest.Eventually(t, 10*time.Second, "the first elected", first.IsLeader)
 	pid := holders.holderPID(t, name)
+	// The followers' store listens before they watch: the wake-up of
+	// every watcher once listening would otherwise make some of them try
+	// twice before the handover, perhaps the second time after it began.
+	others.watchFreeSettled(t, name)
 	var es []*leader.Elector
+	ids := make([]string, followers)
 	for i := range followers {
-		es = append(es, newElector(others, fmt.Sprint("f", i)))
+		ids[i] = fmt.Sprint("f", i)
+		es = append(es, newElector(others, ids[i]))
 	}
-	// The holder's own store may watch too, so at least one lock waiter.
+	// Each follower has been refused and now waits for a wake-up (or the
+	// expiry, a minute away).
 	electortest.Eventually(t, 10*time.Second, "every follower refused once, and the lock waiter on the mark", func() bool {
-		return others.acquires.Load() >= followers && requests(t, pool, holders.Key(name), pid).markSharedWaiting >= 1
+		_, returned := others.counts()
+		for _, id := range ids {
+			if returned[id] < 1 {
+				return false
+			}
+		}
+		// The holder's own store may watch too, so at least one lock waiter.
+		return requests(t, pool, holders.Key(name), pid).markSharedWaiting >= 1
 	})
-	time.Sleep(200 * time.Millisecond) // for any attempt still on its way
-	before := others.acquires.Load()
+	before, _ := others.counts()
 	if err := first.Resign(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	leaderOf(t, es, 10*time.Second)
 	time.Sleep(300 * time.Millisecond) // for any attempt a second wake-up would cause
-	if n := others.acquires.Load() - before; n > followers {
-		t.Errorf("%d acquire attempts at a handover to one of %d followers; want at most one each", n, followers)
+	after, _ := others.counts()
+	for _, id := range ids {
+		if n := after[id] - before[id]; n > 1 {
+			t.Errorf("follower %s made %d acquire attempts at a handover; want at most one", id, n)
+		}
 	}
 }
 
