@@ -174,6 +174,9 @@ type AdvisoryStore struct {
 	// queueWait is the const queueWait; tests lengthen it, so that a busy
 	// machine does not make a wait run out that is meant to end first.
 	queueWait time.Duration
+	// waiterPoll is the const waiterPoll; tests lengthen it, so that a
+	// wake-up they wait for cannot come from the poll instead of the event.
+	waiterPoll time.Duration
 }
 
 var (
@@ -266,6 +269,7 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		sessionIdle: sessionIdle,
 		settleWait:  settleWait,
 		queueWait:   queueWait,
+		waiterPoll:  waiterPoll,
 	}
 	if err := s.check(ctx); err != nil {
 		return nil, err

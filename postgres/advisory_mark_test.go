@@ -438,7 +438,9 @@ func TestAdvisoryLockWaiterWakesOnceTheLockIsFree(t *testing.T) {
 	holders := setupAdvisory(t, pool, Options{})
 	const name = "lingering"
 	key := holders.Key(name)
-	ch, err := setupAdvisory(t, pool, Options{}).WatchFree(t.Context(), name)
+	watchers := setupAdvisory(t, pool, Options{})
+	watchers.waiterPoll = time.Hour // the wake-up must not be the poll's
+	ch, err := watchers.WatchFree(t.Context(), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,7 +480,7 @@ func TestAdvisoryLockWaiterWakesOnceTheLockIsFree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	timeout := time.After(3 * time.Second)
+	timeout := time.After(wakeTimeout)
 	for {
 		select {
 		case at := <-wakes:
@@ -487,7 +489,7 @@ func TestAdvisoryLockWaiterWakesOnceTheLockIsFree(t *testing.T) {
 			}
 			t.Logf("a wake-up %v before the lock was let go", unlocking.Sub(at))
 		case <-timeout:
-			t.Fatalf("no wake-up within 3s of the lock being let go, 15 ms after the mark")
+			t.Fatalf("no wake-up within %v of the lock being let go, 15 ms after the mark", wakeTimeout)
 		}
 	}
 }
@@ -568,6 +570,7 @@ func TestAdvisoryLockWaiterWakesForAHolderGoneBeforeItsFirstLook(t *testing.T) {
 			}
 		}
 	})
+	watchers.waiterPoll = time.Hour // the wake-up must not be the poll's
 	// The listener connects at the first watch, and wakes every watcher
 	// once it listens: start it before the gate.
 	other, err := watchers.WatchFree(t.Context(), "another")
@@ -597,8 +600,8 @@ func TestAdvisoryLockWaiterWakesForAHolderGoneBeforeItsFirstLook(t *testing.T) {
 	close(gate)
 	select {
 	case <-ch:
-	case <-time.After(3 * time.Second):
-		t.Fatal("no wake-up within 3s of a lock waiter's first look finding free the lock a watcher saw held")
+	case <-time.After(wakeTimeout):
+		t.Fatalf("no wake-up within %v of a lock waiter's first look finding free the lock a watcher saw held", wakeTimeout)
 	}
 }
 
@@ -668,9 +671,9 @@ func TestAdvisoryLockWaiterStaysOutOfTheCandidatesWay(t *testing.T) {
 	times.mu.Lock()
 	times.match = map[string]string{mark: "mark", watchers.sql.waiter: "look"}
 	times.mu.Unlock()
-	if _, err := watchers.WatchFree(t.Context(), name); err != nil {
-		t.Fatal(err)
-	}
+	// Listening first: the listener's wake-up of everyone once it listens
+	// would make the lock waiter look early.
+	watchers.watchFreeSettled(t, name)
 	mustGrant(t, holders, name, candidate("alice"), time.Minute)
 	pid := holders.holderPID(t, name)
 	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
@@ -735,6 +738,7 @@ func TestAdvisoryLockWaiterWakesForAHolderGrantedAndGoneBetweenLooks(t *testing.
 	looks := &heldLooks{holding: make(chan struct{}), released: make(chan struct{})}
 	watchers := advisoryOn(t, pool, func(c *pgx.ConnConfig) { c.Tracer = looks })
 	looks.look = watchers.sql.waiter
+	watchers.waiterPoll = time.Hour // the wake-up must not be the poll's
 	ch, err := watchers.WatchFree(t.Context(), name)
 	if err != nil {
 		t.Fatal(err)
@@ -775,8 +779,8 @@ func TestAdvisoryLockWaiterWakesForAHolderGrantedAndGoneBetweenLooks(t *testing.
 	close(looks.released)
 	select {
 	case <-ch:
-	case <-time.After(3 * time.Second):
-		t.Fatal("no wake-up within 3s of a look finding the lock free, with the row naming a holder that went without a release")
+	case <-time.After(wakeTimeout):
+		t.Fatalf("no wake-up within %v of a look finding the lock free, with the row naming a holder that went without a release", wakeTimeout)
 	}
 }
 
