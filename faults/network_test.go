@@ -219,7 +219,7 @@ func (s *scenario) newCandidate(t *testing.T, dir, strategy, id string) *candida
 	pool := poolVia(t, s.connString, c.proxy.Listen)
 	store := newStore(t, strategy, pool)
 
-	c.e, c.rec, c.stop = s.fence.startElector(t, dir, id, store, nil)
+	c.e, c.rec, c.stop = s.fence.startElector(t, dir, id, store, ttl, nil)
 	return c
 }
 
