@@ -125,10 +125,14 @@ func TestRenewalRounds(t *testing.T) {
 		s := newBatchStore()
 		ns := names("round", 12)
 		es := leadAll(t, s, ns, testConfig("", ""), nil)
-		// Every leader has renewed once it has been a renew interval in
-		// the lead; from then on every round holds all of them.
-		time.Sleep(2 * es[ns[0]].Config().RenewInterval)
-		from, _ := s.calls()
+		// Once a round has renewed every leader, every round holds all of
+		// them.
+		var from int
+		eventually(t, 10*time.Second, "a round that renews every leader", func() bool {
+			i := slices.IndexFunc(s.batchesSince(0), func(b []string) bool { return slices.Equal(b, ns) })
+			from = i + 1
+			return i >= 0
+		})
 		for i, batch := range waitBatches(t, s, from, 3) {
 			if !slices.Equal(batch, ns) {
 				t.Errorf("round %d renewed %v; want all %d names in one call", i, batch, len(ns))

@@ -58,7 +58,7 @@ func testSafety(t *testing.T, wrap func(*faultStore) leader.Store) {
 
 		start := time.Now()
 		faulty.set(fault)
-		eventually(t, 5*time.Second, "b to lead", b.IsLeader)
+		eventually(t, 10*time.Second, "b to lead", b.IsLeader)
 		took := time.Since(start)
 		demoted, ok := h.Find(func(e event) bool { return e.Instance == "a" && !e.Elected })
 		if !ok {
@@ -82,7 +82,7 @@ func testSafety(t *testing.T, wrap func(*faultStore) leader.Store) {
 		t.Parallel()
 		m, took := partitionedLeader(t, "partition", func(f *faultStore) { f.partitioned = true })
 		t.Logf("failover after the leader was cut off: %v (TTL 1s)", took)
-		if took > 2*time.Second {
+		if took > 5*time.Second { // generous for a busy machine; a few TTLs
 			t.Errorf("failover took %v, want about the TTL", took)
 		}
 		if got := m.losses(); !slices.Equal(got, []leader.LossReason{leader.LossConnLost}) {

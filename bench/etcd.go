@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,7 +25,20 @@ type etcdServer struct {
 	url string // client URL
 }
 
+// startEtcd starts the server on two loopback ports found free. Another
+// process may take one of them before etcd binds it: then it tries again
+// with other ports, a few times.
 func startEtcd() (*etcdServer, error) {
+	const attempts = 5
+	for i := 1; ; i++ {
+		s, err := startEtcdOnce()
+		if err == nil || i == attempts || !errors.Is(err, syscall.EADDRINUSE) {
+			return s, err
+		}
+	}
+}
+
+func startEtcdOnce() (*etcdServer, error) {
 	dir, err := os.MkdirTemp("", "leaderbench-etcd-")
 	if err != nil {
 		return nil, err

@@ -77,10 +77,10 @@ func (f *fence) work(t *testing.T, ctx context.Context, id string) {
 	}
 }
 
-// startElector starts an Elector for id on store, recording its beliefs in
-// dir; while it leads it writes its term to f. metrics may be nil. The
-// Elector stops when stop is called or t ends.
-func (f *fence) startElector(t *testing.T, dir, id string, store leader.Store, metrics leader.Metrics) (e *leader.Elector, rec *history.Recorder, stop func()) {
+// startElector starts an Elector for id on store with a TTL of leaseTTL,
+// recording its beliefs in dir; while it leads it writes its term to f.
+// metrics may be nil. The Elector stops when stop is called or t ends.
+func (f *fence) startElector(t *testing.T, dir, id string, store leader.Store, leaseTTL time.Duration, metrics leader.Metrics) (e *leader.Elector, rec *history.Recorder, stop func()) {
 	t.Helper()
 	rec, err := history.Create(dir, election)
 	if err != nil {
@@ -90,7 +90,7 @@ func (f *fence) startElector(t *testing.T, dir, id string, store leader.Store, m
 	e, err = leader.New(rec.Store(store, id), leader.Config{
 		Name:    election,
 		ID:      id,
-		TTL:     ttl,
+		TTL:     leaseTTL,
 		Logger:  testLogger(id),
 		Metrics: metrics,
 		OnElected: func(ctx context.Context) {

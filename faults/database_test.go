@@ -302,7 +302,7 @@ func (s *databaseScenario) newCandidate(t *testing.T, dir, id string) *databaseC
 	}
 	t.Cleanup(c.pool.Close)
 	store := newStore(t, s.strategy, c.pool)
-	c.e, c.rec, c.stop = s.fence.startElector(t, dir, id, store, c.losses)
+	c.e, c.rec, c.stop = s.fence.startElector(t, dir, id, store, ttl, c.losses)
 	return c
 }
 

@@ -66,7 +66,7 @@
 //     the term it led under. The test asserts that the fenced register
 //     refuses it (the write is found in the register's history, refused,
 //     in every trial), that the resumed process stops believing within
-//     TTL/2 of SIGCONT, that the successor was elected within 3 TTL of the
+//     a TTL of SIGCONT, that the successor was elected within 3 TTL of the
 //     pause, and that terms never go back. The overlaps are counted in the
 //     table, and each one must be between a paused leader and its
 //     successor; any other overlap fails the test.
@@ -153,13 +153,15 @@
 // The library reads the wall clock only through internal/wallclock, for
 // what it shows (Status.LastContact, the advisory store's ExpiresAt),
 // never for what it decides. Each scenario runs three Electors in this
-// process; while one leads, the test steps that clock an hour forward, two
-// hours back and an hour forward again, holding each step for 1.5 TTL. The
-// leader must keep leading under the same term through every step, nobody
-// else may lead, and its Status.LastContact must move with the step (which
-// shows the step reached it); then it resigns and another takes over. The
-// scenarios do not run in parallel with each other, since the clock is the
-// process's.
+// process, with a TTL of 6 s (the scenario fails on any change of leader
+// while the clock is stepped, which a late renewal at 2 s could cause on a
+// busy machine); while one leads, the test steps that clock an hour
+// forward, two hours back and an hour forward again, holding each step
+// for 1.5 TTL. The leader must keep leading under the same term through
+// every step, nobody else may lead, and its Status.LastContact must move
+// with the step (which shows the step reached it); then it resigns and
+// another takes over. The scenarios do not run in parallel with each
+// other, since the clock is the process's.
 //
 // # Two modes
 //

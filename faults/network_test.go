@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,6 +120,9 @@ type candidate struct {
 	rec   *history.Recorder
 	stop  func()
 	proxy *toxiproxy.Proxy // replaced by heal
+	// addr is the proxy's address, which the candidate's connections
+	// dial: heal starts the new proxy on a port of its own.
+	addr atomic.Pointer[string]
 }
 
 // scenario is one fault on one strategy, over several trials.
@@ -214,12 +218,14 @@ func (s *scenario) newCandidate(t *testing.T, dir, strategy, id string) *candida
 	if err := c.proxy.Start(); err != nil {
 		t.Fatalf("%s: starting the proxy: %v", id, err)
 	}
+	addr := c.proxy.Listen
+	c.addr.Store(&addr)
 	// The proxy is replaced by heal: stop whichever is current.
 	t.Cleanup(func() { c.proxy.Stop() })
-	pool := poolVia(t, s.connString, c.proxy.Listen)
+	pool := poolVia(t, s.connString, func() string { return *c.addr.Load() })
 	store := newStore(t, strategy, pool)
 
-	c.e, c.rec, c.stop = s.fence.startElector(t, dir, id, store, nil)
+	c.e, c.rec, c.stop = s.fence.startElector(t, dir, id, store, ttl, nil)
 	return c
 }
 
@@ -256,24 +262,20 @@ func (s *scenario) inject(t *testing.T, c *candidate) {
 }
 
 // heal ends the fault of c's connections: it stops c's proxy, which closes
-// every connection through it, and starts a new one without toxics on the
-// same address. (Removing the toxics instead can hang in toxiproxy v2.12
-// when a link's connection is already gone.)
+// every connection through it, and starts a new one without toxics, on a
+// port of its own (the old one's may have been taken meanwhile), which
+// c's connections dial from then on. (Removing the toxics instead can
+// hang in toxiproxy v2.12 when a link's connection is already gone.)
 func (s *scenario) heal(t *testing.T, c *candidate) {
 	t.Helper()
 	c.proxy.Stop()
-	fresh := toxiproxy.NewProxy(s.proxies, c.id, c.proxy.Listen, s.upstream)
-	// The old listener is closed; binding its port again can fail only
-	// if another process took it meanwhile, so retry briefly.
-	var err error
-	for range 50 {
-		if err = fresh.Start(); err == nil {
-			c.proxy = fresh
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+	fresh := toxiproxy.NewProxy(s.proxies, c.id, "127.0.0.1:0", s.upstream)
+	if err := fresh.Start(); err != nil {
+		t.Fatalf("%s: starting a new proxy: %v", c.id, err)
 	}
-	t.Fatalf("%s: restarting the proxy on %s: %v", c.id, c.proxy.Listen, err)
+	c.proxy = fresh
+	addr := fresh.Listen
+	c.addr.Store(&addr)
 }
 
 // serverAddr returns the host:port of the server connString names.
@@ -289,15 +291,16 @@ func serverAddr(t *testing.T, connString string) string {
 	return net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 }
 
-// poolVia returns a pool for the scenario's database that connects through
-// the proxy listening on proxyAddr, closed when t ends.
-func poolVia(t *testing.T, connString, proxyAddr string) *pgxpool.Pool {
+// poolVia returns a pool for the scenario's database whose connections,
+// and those of the stores on it, go through the proxy listening on the
+// address proxyAddr returns at each dial; the pool is closed when t ends.
+func poolVia(t *testing.T, connString string, proxyAddr func() string) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		t.Fatal(err)
 	}
-	host, port, err := net.SplitHostPort(proxyAddr)
+	host, port, err := net.SplitHostPort(proxyAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,6 +311,10 @@ func poolVia(t *testing.T, connString, proxyAddr string) *pgxpool.Pool {
 	cfg.ConnConfig.Host = host
 	cfg.ConnConfig.Port = uint16(p)
 	cfg.ConnConfig.Fallbacks = nil
+	var d net.Dialer
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, network, proxyAddr())
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

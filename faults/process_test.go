@@ -41,8 +41,9 @@ const (
 	maxProcessTakeover = 3 * ttl
 	// maxStepDownAfterResume bounds how long a leader resumed from a pause
 	// past its deadline goes on believing it leads: its stop timer is long
-	// overdue and fires as soon as the process runs.
-	maxStepDownAfterResume = ttl / 2
+	// overdue and fires as soon as the process runs, which on a busy
+	// machine may take a while.
+	maxStepDownAfterResume = ttl
 	// firstLeaderWithin bounds the first election of a scenario, which
 	// includes starting the child processes.
 	firstLeaderWithin = 30 * time.Second

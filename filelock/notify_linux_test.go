@@ -25,7 +25,7 @@ func TestWakeIsEventDriven(t *testing.T) {
 		syscall.Close(fd)
 	}
 	const (
-		within = 2 * time.Second // a poll would take an hour
+		within = waitTimeout // a poll would take an hour
 		rounds = 5
 	)
 	dir := t.TempDir()
@@ -115,7 +115,7 @@ func TestHandoverBetweenProcessesIsEventDriven(t *testing.T) {
 
 	released := time.Now()
 	child.release(t)
-	timer := time.NewTimer(2 * time.Second)
+	timer := time.NewTimer(waitTimeout) // a poll, or the expiry, would take an hour
 	defer timer.Stop()
 	select {
 	case term := <-elected:
@@ -124,6 +124,6 @@ func TestHandoverBetweenProcessesIsEventDriven(t *testing.T) {
 		}
 		t.Logf("elector led %v after asking the leader process to release (poll interval 1h, TTL %v)", time.Since(released), ttl)
 	case <-timer.C:
-		t.Fatalf("elector not elected within 2s of the leader process's release (poll interval 1h, TTL %v)", ttl)
+		t.Fatalf("elector not elected within %v of the leader process's release (poll interval 1h, TTL %v)", waitTimeout, ttl)
 	}
 }

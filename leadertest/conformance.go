@@ -63,9 +63,11 @@ func TestStore(t *testing.T, newStore func(t *testing.T) leader.Store) {
 // Timing of the suite. Expiry tests use shortTTL; tests that must not see an
 // expiry use longTTL. Nothing is asserted to happen faster than waitTimeout.
 const (
-	// quietPeriod is how long a watch channel must stay empty for the
-	// wake-ups of an event to be taken as all delivered.
-	quietPeriod = 300 * time.Millisecond
+	// quietPeriod is how long watch channels must stay empty for the
+	// wake-ups of an event to be taken as all delivered: long, as a busy
+	// machine may deliver a late one after a shorter quiet, which the
+	// next check would take for a wake-up of the next event.
+	quietPeriod = 2 * time.Second
 	shortTTL    = 400 * time.Millisecond
 	longTTL     = time.Minute
 	waitTimeout = 5 * time.Second

@@ -32,7 +32,9 @@ func testExpiry(t *testing.T, s leader.Store) {
 func testRemainingBounded(t *testing.T, s leader.Store) {
 	name := newName()
 	alice, bob := newCandidate("alice"), newCandidate("bob")
-	const holderTTL = 2 * time.Second
+	// Both far shorter than longTTL, and far longer than the test takes
+	// on a busy machine: the lease must not run out before the checks.
+	const holderTTL = 20 * time.Second
 	held := mustGrant(t, s, name, alice, holderTTL)
 
 	// The follower asks for a far longer TTL; what it is told about the
@@ -44,7 +46,7 @@ func testRemainingBounded(t *testing.T, s leader.Store) {
 	checkHeld(t, "lease reported to the follower", l, name, alice.ID, held.Term, holderTTL)
 	checkHeld(t, "Observe by the follower", observe(t, s, name), name, alice.ID, held.Term, holderTTL)
 
-	const renewTTL = 3 * time.Second
+	const renewTTL = 30 * time.Second
 	mustRenew(t, s, name, alice, held.Term, renewTTL)
 	l, granted = acquire(t, s, name, bob, longTTL)
 	if granted {
@@ -60,13 +62,13 @@ func testNoEarlyGrant(t *testing.T, s leader.Store) {
 	const ttl = 500 * time.Millisecond
 
 	// The holder's own deadline is measured from when it sent the request
-	// (DESIGN.md invariant 1); the store's expiry can only be later.
+	// (DESIGN.md invariant 1); the store's expiry can only be later. The
+	// grant is for longTTL, so that it cannot run out before the renewal
+	// on a busy machine; the renewal sets the deadline.
+	held := mustGrant(t, s, name, alice, longTTL)
 	sent := time.Now()
-	held := mustGrant(t, s, name, alice, ttl)
-	deadline := sent.Add(ttl)
-	sent = time.Now()
 	mustRenew(t, s, name, alice, held.Term, ttl)
-	deadline = sent.Add(ttl)
+	deadline := sent.Add(ttl)
 
 	give := time.Now().Add(ttl + waitTimeout)
 	for {

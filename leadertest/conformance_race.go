@@ -93,20 +93,36 @@ func testRaceHistory(t *testing.T, s leader.Store) {
 	var (
 		mu      sync.Mutex
 		history []historyEvent
+		grants  int
 	)
 	record := func(op string, term uint64, token string, sent, recv time.Time) {
 		mu.Lock()
 		history = append(history, historyEvent{op, term, token, sent, recv})
+		if op == "grant" {
+			grants++
+		}
 		mu.Unlock()
 	}
-	deadline := time.Now().Add(duration)
+	// The workers run for duration, and on until the history has two
+	// grants (a busy machine may not get that far), for at most
+	// waitTimeout; checkHistory fails a history with fewer.
+	deadline, giveUp := time.Now().Add(duration), time.Now().Add(waitTimeout)
+	more := func() bool {
+		now := time.Now()
+		if now.Before(deadline) {
+			return true
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return grants < 2 && now.Before(giveUp)
+	}
 	pause := func() { time.Sleep(time.Duration(rand.Int64N(int64(3 * time.Millisecond)))) } // follower pacing
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
 			ctx := t.Context()
 			c := newCandidate(fmt.Sprintf("worker-%d", w))
-			for time.Now().Before(deadline) && ctx.Err() == nil {
+			for more() && ctx.Err() == nil {
 				sent := time.Now()
 				l, granted, err := s.Acquire(ctx, name, c, ttl)
 				recv := time.Now()

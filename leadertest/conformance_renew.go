@@ -11,7 +11,7 @@ import (
 func testRenewExtends(t *testing.T, s leader.Store) {
 	name := newName()
 	alice := newCandidate("alice")
-	const grantTTL = time.Second
+	const grantTTL = 10 * time.Second // far shorter than longTTL; not run out before the renewal
 	held := mustGrant(t, s, name, alice, grantTTL)
 
 	// Renewing with a longer TTL proves the expiry moved: Remaining can
@@ -54,7 +54,7 @@ func testRenewStaleTerm(t *testing.T, s leader.Store) {
 	name := newName()
 	alice := newCandidate("alice")
 	old := mustGrant(t, s, name, alice, longTTL)
-	const heldTTL = 3 * time.Second // a refused renewal with longTTL would exceed it
+	const heldTTL = 20 * time.Second // a refused renewal with longTTL would exceed it; the test takes far less
 	held := mustGrant(t, s, name, alice, heldTTL)
 
 	_, err := s.Renew(t.Context(), name, alice.Token, old.Term, longTTL)

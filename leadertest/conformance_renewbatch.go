@@ -56,12 +56,12 @@ func (b batchOfOne) Renew(ctx context.Context, name, token string, term uint64, 
 
 func testRenewBatchMixed(t *testing.T, s leader.Store) {
 	alice, bob, mallory := newCandidate("alice"), newCandidate("bob"), newCandidate("mallory")
-	const grantTTL = time.Second
+	const grantTTL = 10 * time.Second // far shorter than longTTL; not run out before the renewal
 	a, b, stale, other, released, never := newName(), newName(), newName(), newName(), newName(), newName()
 	la := mustGrant(t, s, a, alice, grantTTL)
 	lb := mustGrant(t, s, b, bob, grantTTL)
 	old := mustGrant(t, s, stale, alice, longTTL)
-	const heldTTL = 3 * time.Second // a refused renewal with longTTL would exceed it
+	const heldTTL = 20 * time.Second // a refused renewal with longTTL would exceed it; the test takes far less
 	current := mustGrant(t, s, stale, alice, heldTTL)
 	lo := mustGrant(t, s, other, alice, heldTTL)
 	lr := mustGrant(t, s, released, alice, longTTL)

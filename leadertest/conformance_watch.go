@@ -56,8 +56,12 @@ func testWatchFree(t *testing.T, s leader.Store) {
 	mustRelease(t, s, name, alice, held.Term)
 	waitWake(t, free, "a free-watcher after the holder released")
 	waitWake(t, all, "a plain watcher after the holder released")
-	quiet(free, all)
 	for i, c := range []leader.Candidate{bob, carol} {
+		// A store may wake its watchers more than once for a release
+		// (the PostgreSQL advisory store does: for its NOTIFY, then from
+		// its lock waiter); let every wake-up of the last one arrive
+		// before the grant.
+		quiet(free, all)
 		held := mustGrant(t, s, name, c, longTTL)
 		// Once the plain watcher has woken, the grant's wake-up has been
 		// delivered to every watcher it was meant for.
@@ -69,26 +73,21 @@ func testWatchFree(t *testing.T, s leader.Store) {
 		}
 		mustRelease(t, s, name, c, held.Term)
 		waitWake(t, free, "a free-watcher after the holder released")
-		// A store may wake its watchers more than once for a release
-		// (the PostgreSQL advisory store does: for its NOTIFY, then from
-		// its lock waiter); let every wake-up of this one arrive before
-		// the next grant.
-		quiet(free, all)
 	}
 }
 
-// quiet drains chs until they have stayed empty for quietPeriod.
-func quiet(chs ...<-chan struct{}) {
-	for _, ch := range chs {
-		timer := time.NewTimer(quietPeriod)
-		for drained := false; !drained; {
-			select {
-			case <-ch:
-				timer.Reset(quietPeriod)
-			case <-timer.C:
-				drained = true
-			}
+// quiet drains a and b until both have stayed empty for quietPeriod.
+func quiet(a, b <-chan struct{}) {
+	timer := time.NewTimer(quietPeriod)
+	defer timer.Stop()
+	for {
+		select {
+		case <-a:
+		case <-b:
+		case <-timer.C:
+			return
 		}
+		timer.Reset(quietPeriod)
 	}
 }
 

@@ -171,6 +171,12 @@ type AdvisoryStore struct {
 	sessionIdle time.Duration
 	// settleWait is the const settleWait; tests lengthen it.
 	settleWait time.Duration
+	// queueWait is the const queueWait; tests lengthen it, so that a busy
+	// machine does not make a wait run out that is meant to end first.
+	queueWait time.Duration
+	// waiterPoll is the const waiterPoll; tests lengthen it, so that a
+	// wake-up they wait for cannot come from the poll instead of the event.
+	waiterPoll time.Duration
 }
 
 var (
@@ -266,6 +272,8 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		flights:     make(map[string]*flight),
 		sessionIdle: sessionIdle,
 		settleWait:  settleWait,
+		queueWait:   queueWait,
+		waiterPoll:  waiterPoll,
 	}
 	ctx, cancel := opts.bound(ctx)
 	defer cancel()

@@ -334,10 +334,10 @@ const (
 const queueWait = 100 * time.Millisecond
 
 // queue waits in the queue for the lock of key, on the session's
-// connection, for at most queueWait. It reports whether the session took
+// connection, for at most s.queueWait. It reports whether the session took
 // the lock; if it did not, the session holds nothing.
 func (s *AdvisoryStore) queue(ctx context.Context, conn *pgx.Conn, key int64) (bool, error) {
-	_, err := conn.Exec(ctx, s.sql.queue, key, strconv.FormatInt(queueWait.Milliseconds(), 10))
+	_, err := conn.Exec(ctx, s.sql.queue, key, strconv.FormatInt(s.queueWait.Milliseconds(), 10))
 	switch {
 	case err == nil:
 		return true, nil

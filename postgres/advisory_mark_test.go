@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -211,15 +212,36 @@ func TestAdvisoryLockWaitersWaitOnTheHoldersMark(t *testing.T) {
 	}
 }
 
-// countingAdvisory counts an AdvisoryStore's Acquire calls.
+// countingAdvisory counts an AdvisoryStore's Acquire calls, by candidate
+// ID: those begun, and those that have returned.
 type countingAdvisory struct {
 	*AdvisoryStore
-	acquires atomic.Int64
+	mu       sync.Mutex
+	begun    map[string]int
+	returned map[string]int
+}
+
+func newCountingAdvisory(s *AdvisoryStore) *countingAdvisory {
+	return &countingAdvisory{AdvisoryStore: s, begun: make(map[string]int), returned: make(map[string]int)}
 }
 
 func (c *countingAdvisory) Acquire(ctx context.Context, name string, cand leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
-	c.acquires.Add(1)
+	c.mu.Lock()
+	c.begun[cand.ID]++
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.returned[cand.ID]++
+		c.mu.Unlock()
+	}()
 	return c.AdvisoryStore.Acquire(ctx, name, cand, ttl)
+}
+
+// counts returns a copy of the counts of calls begun and returned.
+func (c *countingAdvisory) counts() (begun, returned map[string]int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.begun), maps.Clone(c.returned)
 }
 
 // TestAdvisoryFollowersWakeOncePerHandover checks that followers whose
@@ -233,7 +255,7 @@ func TestAdvisoryFollowersWakeOncePerHandover(t *testing.T) {
 	const followers = 5
 	pool := pgtest.NewPool(t)
 	holders := setupAdvisory(t, pool, Options{})
-	others := &countingAdvisory{AdvisoryStore: setupAdvisory(t, pool, Options{})}
+	others := newCountingAdvisory(setupAdvisory(t, pool, Options{}))
 	const name = "once"
 	h := newBeliefs()
 	newElector := func(s leader.Store, id string) *leader.Elector {
@@ -252,23 +274,39 @@ func TestAdvisoryFollowersWakeOncePerHandover(t *testing.T) {
 	first := newElector(holders, "first")
 	electortest.Eventually(t, 10*time.Second, "the first elected", first.IsLeader)
 	pid := holders.holderPID(t, name)
+	// The followers' store listens before they watch: the wake-up of
+	// every watcher once listening would otherwise make some of them try
+	// twice before the handover, perhaps the second time after it began.
+	others.watchFreeSettled(t, name)
 	var es []*leader.Elector
+	ids := make([]string, followers)
 	for i := range followers {
-		es = append(es, newElector(others, fmt.Sprint("f", i)))
+		ids[i] = fmt.Sprint("f", i)
+		es = append(es, newElector(others, ids[i]))
 	}
-	// The holder's own store may watch too, so at least one lock waiter.
+	// Each follower has been refused and now waits for a wake-up (or the
+	// expiry, a minute away).
 	electortest.Eventually(t, 10*time.Second, "every follower refused once, and the lock waiter on the mark", func() bool {
-		return others.acquires.Load() >= followers && requests(t, pool, holders.Key(name), pid).markSharedWaiting >= 1
+		_, returned := others.counts()
+		for _, id := range ids {
+			if returned[id] < 1 {
+				return false
+			}
+		}
+		// The holder's own store may watch too, so at least one lock waiter.
+		return requests(t, pool, holders.Key(name), pid).markSharedWaiting >= 1
 	})
-	time.Sleep(200 * time.Millisecond) // for any attempt still on its way
-	before := others.acquires.Load()
+	before, _ := others.counts()
 	if err := first.Resign(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	leaderOf(t, es, 10*time.Second)
 	time.Sleep(300 * time.Millisecond) // for any attempt a second wake-up would cause
-	if n := others.acquires.Load() - before; n > followers {
-		t.Errorf("%d acquire attempts at a handover to one of %d followers; want at most one each", n, followers)
+	after, _ := others.counts()
+	for _, id := range ids {
+		if n := after[id] - before[id]; n > 1 {
+			t.Errorf("follower %s made %d acquire attempts at a handover; want at most one", id, n)
+		}
 	}
 }
 
@@ -279,7 +317,13 @@ func TestAdvisoryFollowersWakeOncePerHandover(t *testing.T) {
 // reported before the grace has passed since the holder's session ended.
 func TestAdvisoryGraceCountsFromTheFreeing(t *testing.T) {
 	t.Parallel()
-	const grace = time.Second
+	// The candidate comes late, 3 s into the grace: a grant that counted the
+	// grace from the call would take all of it, and the margin between
+	// the two is wide enough for a busy machine.
+	const (
+		grace = 5 * time.Second
+		late  = 3 * time.Second
+	)
 	pool := pgtest.NewPool(t)
 	holders := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
 	others := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
@@ -298,7 +342,7 @@ func TestAdvisoryGraceCountsFromTheFreeing(t *testing.T) {
 	cut := time.Now()
 	holders.cutConnection(t, name)
 	waitWake(t, free, "after the holder's connection was cut")
-	time.Sleep(grace * 6 / 10)
+	time.Sleep(late) // the candidate comes late, not a wait for something
 	start := time.Now()
 	l, granted := mustAcquire(t, others, name, bob, time.Minute)
 	end := time.Now()
@@ -322,7 +366,7 @@ func TestAdvisoryGraceCountsFromTheFreeing(t *testing.T) {
 // since), so they cannot share the first.
 func TestAdvisoryCandidatesShareAnAttempt(t *testing.T) {
 	t.Parallel()
-	const grace = 500 * time.Millisecond // how long the first attempt lasts
+	const grace = 3 * time.Second // how long the first attempt lasts: long enough for the others to come during it on a busy machine
 	pool := pgtest.NewPool(t)
 	holders := setupAdvisory(t, pool, Options{})
 	s := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
@@ -394,7 +438,9 @@ func TestAdvisoryLockWaiterWakesOnceTheLockIsFree(t *testing.T) {
 	holders := setupAdvisory(t, pool, Options{})
 	const name = "lingering"
 	key := holders.Key(name)
-	ch, err := setupAdvisory(t, pool, Options{}).WatchFree(t.Context(), name)
+	watchers := setupAdvisory(t, pool, Options{})
+	watchers.waiterPoll = time.Hour // the wake-up must not be the poll's
+	ch, err := watchers.WatchFree(t.Context(), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +480,7 @@ func TestAdvisoryLockWaiterWakesOnceTheLockIsFree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	timeout := time.After(3 * time.Second)
+	timeout := time.After(wakeTimeout)
 	for {
 		select {
 		case at := <-wakes:
@@ -443,7 +489,7 @@ func TestAdvisoryLockWaiterWakesOnceTheLockIsFree(t *testing.T) {
 			}
 			t.Logf("a wake-up %v before the lock was let go", unlocking.Sub(at))
 		case <-timeout:
-			t.Fatalf("no wake-up within 3s of the lock being let go, 15 ms after the mark")
+			t.Fatalf("no wake-up within %v of the lock being let go, 15 ms after the mark", wakeTimeout)
 		}
 	}
 }
@@ -524,6 +570,7 @@ func TestAdvisoryLockWaiterWakesForAHolderGoneBeforeItsFirstLook(t *testing.T) {
 			}
 		}
 	})
+	watchers.waiterPoll = time.Hour // the wake-up must not be the poll's
 	// The listener connects at the first watch, and wakes every watcher
 	// once it listens: start it before the gate.
 	other, err := watchers.WatchFree(t.Context(), "another")
@@ -553,8 +600,8 @@ func TestAdvisoryLockWaiterWakesForAHolderGoneBeforeItsFirstLook(t *testing.T) {
 	close(gate)
 	select {
 	case <-ch:
-	case <-time.After(3 * time.Second):
-		t.Fatal("no wake-up within 3s of a lock waiter's first look finding free the lock a watcher saw held")
+	case <-time.After(wakeTimeout):
+		t.Fatalf("no wake-up within %v of a lock waiter's first look finding free the lock a watcher saw held", wakeTimeout)
 	}
 }
 
@@ -624,9 +671,9 @@ func TestAdvisoryLockWaiterStaysOutOfTheCandidatesWay(t *testing.T) {
 	times.mu.Lock()
 	times.match = map[string]string{mark: "mark", watchers.sql.waiter: "look"}
 	times.mu.Unlock()
-	if _, err := watchers.WatchFree(t.Context(), name); err != nil {
-		t.Fatal(err)
-	}
+	// Listening first: the listener's wake-up of everyone once it listens
+	// would make the lock waiter look early.
+	watchers.watchFreeSettled(t, name)
 	mustGrant(t, holders, name, candidate("alice"), time.Minute)
 	pid := holders.holderPID(t, name)
 	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
@@ -691,6 +738,7 @@ func TestAdvisoryLockWaiterWakesForAHolderGrantedAndGoneBetweenLooks(t *testing.
 	looks := &heldLooks{holding: make(chan struct{}), released: make(chan struct{})}
 	watchers := advisoryOn(t, pool, func(c *pgx.ConnConfig) { c.Tracer = looks })
 	looks.look = watchers.sql.waiter
+	watchers.waiterPoll = time.Hour // the wake-up must not be the poll's
 	ch, err := watchers.WatchFree(t.Context(), name)
 	if err != nil {
 		t.Fatal(err)
@@ -731,8 +779,8 @@ func TestAdvisoryLockWaiterWakesForAHolderGrantedAndGoneBetweenLooks(t *testing.
 	close(looks.released)
 	select {
 	case <-ch:
-	case <-time.After(3 * time.Second):
-		t.Fatal("no wake-up within 3s of a look finding the lock free, with the row naming a holder that went without a release")
+	case <-time.After(wakeTimeout):
+		t.Fatalf("no wake-up within %v of a look finding the lock free, with the row naming a holder that went without a release", wakeTimeout)
 	}
 }
 

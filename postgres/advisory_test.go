@@ -147,8 +147,13 @@ func leaderOf(t *testing.T, es []*leader.Elector, within time.Duration) *leader.
 func TestAdvisoryElectors(t *testing.T) {
 	t.Parallel()
 	// A TTL far longer than any takeover measured here: a takeover that
-	// waited for a TTL would show.
-	const ttl = 10 * time.Second
+	// waited for a TTL would show. Takeovers must take less than
+	// maxTakeover, generous for a busy machine and still well under the
+	// TTL.
+	const (
+		ttl         = 20 * time.Second
+		maxTakeover = 5 * time.Second
+	)
 
 	// takeovers runs four Electors and, three times, ends the leader's
 	// leadership with end and measures how long until another leads.
@@ -195,7 +200,7 @@ func TestAdvisoryElectors(t *testing.T) {
 		}
 		t.Logf("advisory takeover after %s (TTL %v): %v", what, ttl, took)
 		for _, d := range took {
-			if d > 2*time.Second {
+			if d > maxTakeover {
 				t.Errorf("takeover after %s took %v; it must not wait for the TTL (%v)", what, d, ttl)
 			}
 		}
@@ -595,20 +600,25 @@ func (h *sharedHolder) letGo(t *testing.T) {
 // the TakeoverGrace.
 func TestAdvisoryCandidateQueuesBehindLockWaiters(t *testing.T) {
 	t.Parallel()
-	const grace = 300 * time.Millisecond
 	pool := pgtest.NewPool(t)
-	s := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
 	const ttl = time.Minute
+	// The lock waiters' hold: longer than polling lasts, far shorter than
+	// queueWait and the TakeoverGrace of the first subtest, so that a busy
+	// machine neither makes the wait run out nor passes a grant that waited
+	// the grace.
+	const hold = 300 * time.Millisecond
 
 	t.Run("granted as soon as the lock waiters let go", func(t *testing.T) {
+		const grace = 10 * time.Second
+		s := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+		s.queueWait = 5 * time.Second
 		alice, bob := candidate("alice"), candidate("bob")
 		held := mustGrant(t, s, "queue", alice, ttl)
 		mustRelease(t, s, "queue", alice, held.Term)
 		w, took := holdShared(t, pool, s.Key("queue"))
 		<-took
-		const hold = 80 * time.Millisecond // longer than polling lasts, less than queueWait
-		time.AfterFunc(hold, func() { w.letGo(t) })
 		start := time.Now()
+		time.AfterFunc(hold, func() { w.letGo(t) })
 		l, granted := mustAcquire(t, s, "queue", bob, ttl)
 		took2 := time.Since(start)
 		if !granted || l.Term != held.Term+1 || l.HolderID != "bob" {
@@ -620,6 +630,11 @@ func TestAdvisoryCandidateQueuesBehindLockWaiters(t *testing.T) {
 		mustRelease(t, s, "queue", bob, l.Term)
 	})
 
+	// The grace is waited out below: shorter than the first subtest's, and
+	// still far longer than a grant that skipped it would take.
+	const grace = 3 * time.Second
+	s := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+
 	t.Run("refused with the lease free if they hold on longer than queueWait", func(t *testing.T) {
 		carol := candidate("carol")
 		w, took := holdShared(t, pool, s.Key("queue"))
@@ -630,8 +645,8 @@ func TestAdvisoryCandidateQueuesBehindLockWaiters(t *testing.T) {
 		if granted || l.Held() {
 			t.Fatalf("Acquire while the lock is held shared: %+v granted %v; want refused, with no holder", l, granted)
 		}
-		if took2 < queueWait {
-			t.Errorf("Acquire refused after %v, before queueWait (%v)", took2, queueWait)
+		if took2 < s.queueWait {
+			t.Errorf("Acquire refused after %v, before queueWait (%v)", took2, s.queueWait)
 		}
 		pid := func() int32 {
 			ss, err := s.session("queue", carol.Token)
@@ -684,22 +699,24 @@ func TestAdvisoryCandidateQueuesBehindLockWaiters(t *testing.T) {
 		if err != nil || cur.HolderID != "carol" {
 			t.Fatalf("Observe: %+v, %v; want carol holding", cur, err)
 		}
+		s.queueWait = 5 * time.Second
+		// The grace is counted from when the store saw the lock freed, which
+		// is after the cut: measure from the cut.
+		cut := time.Now()
 		s.cutConnection(t, "queue")
 		select {
 		case <-took:
 		case <-time.After(10 * time.Second):
 			t.Fatal("the lock waiter got nothing 10s after the holder's connection closed")
 		}
-		const hold = 80 * time.Millisecond
 		time.AfterFunc(hold, func() { w.letGo(t) })
-		start := time.Now()
 		l, granted := mustAcquire(t, s, "queue", dave, ttl)
-		took2 := time.Since(start)
+		since := time.Since(cut)
 		if !granted || l.Term != cur.Term+1 {
 			t.Fatalf("Acquire: %+v granted %v; want granted with term %d", l, granted, cur.Term+1)
 		}
-		if took2 < grace {
-			t.Errorf("Acquire took %v, less than the TakeoverGrace (%v): a grant from a holder that did not release must wait it", took2, grace)
+		if since < grace {
+			t.Errorf("Acquire granted %v after the holder's connection was cut, less than the TakeoverGrace (%v): a grant from a holder that did not release must wait it", since, grace)
 		}
 	})
 }

@@ -213,7 +213,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			}
 			gone = 0
 			w.firstLookDone()
-			if err := awaitEvent(ctx, sub, waiterPoll); err != nil {
+			if err := awaitEvent(ctx, sub, s.waiterPoll); err != nil {
 				return err
 			}
 			continue

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/internal/pgtest"
 )
@@ -291,8 +293,17 @@ func TestWatchFreeSkipsGrants(t *testing.T) {
 			leader.FreeWatcher
 		}
 	}{{"lease", b.store}, {"advisory", advisory}} {
-		for i, name := range []string{"free", "~free", "~g", "~r", strings.Repeat("n", 9000)} {
-			s := st.store
+		s := st.store
+		// The listener starts with the first watcher, and wakes every
+		// watcher once it listens; then the channels are quiet until the
+		// next event.
+		passed := newPassedOn(t, s, b.pool, Options{}.withDefaults().Channel)
+		waitListening(t, b)
+		if s == advisory {
+			// So does the lock waiter's first look, the lock free.
+			advisory.waitFirstLook(t, passed.name)
+		}
+		for _, name := range []string{"free", "~free", "~g", "~r", strings.Repeat("n", 9000)} {
 			free, err := s.WatchFree(t.Context(), name)
 			if err != nil {
 				t.Fatal(err)
@@ -301,14 +312,7 @@ func TestWatchFreeSkipsGrants(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if i == 0 {
-				// The listener starts with the first watcher, and wakes
-				// every watcher once it listens; then the channels are
-				// quiet until the next event.
-				waitListening(t, b)
-			}
 			if s == advisory {
-				// So does the lock waiter's first look, the lock free.
 				advisory.waitFirstLook(t, name)
 			}
 			drain(free)
@@ -320,42 +324,69 @@ func TestWatchFreeSkipsGrants(t *testing.T) {
 				waitWake(t, all, "a plain watcher after a grant")
 				// One notification wakes the watchers one after another,
 				// so the plain watcher's wake-up does not mean the
-				// free-watcher's has been sent yet: wait for it, or
-				// give it a moment to come when it must not.
+				// free-watcher's has been sent yet: wait for it, or for
+				// the listener to have passed on every notification
+				// sent so far when it must not come.
 				if long {
 					waitWake(t, free, fmt.Sprintf("%s %.10q: a free-watcher after the grant of a name too long for a payload", st.strategy, name))
 				} else {
+					passed.wait(t)
 					select {
 					case <-free:
 						t.Fatalf("%s %.10q: a grant woke a free-watcher", st.strategy, name)
-					case <-time.After(50 * time.Millisecond):
+					default:
 					}
 				}
 				mustRelease(t, s, name, alice, l.Term)
 				waitWake(t, free, "a free-watcher after a release")
 				waitWake(t, all, "a plain watcher after a release")
 				// The advisory store's plain watchers are woken twice by
-				// a release: for its NOTIFY, then by its lock waiter.
-				quiet(free)
-				quiet(all)
+				// a release: for its NOTIFY, then by its lock waiter
+				// (whose wake-up of the free-watcher came first, above).
+				passed.wait(t)
+				drain(free)
+				drain(all)
 			}
 		}
 	}
 }
 
-// quiet drains ch until it has stayed empty for 300 ms.
-func quiet(ch <-chan struct{}) {
-	const period = 300 * time.Millisecond
-	timer := time.NewTimer(period)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ch:
-			timer.Reset(period)
-		case <-timer.C:
-			return
-		}
+// passedOn tells when a store's listener has passed on every notification
+// sent before: PostgreSQL delivers a listener the notifications of
+// different transactions in the order they committed, and the listener
+// wakes the watchers of one notification before it reads the next. It
+// sends a notification of its own name, which no one is granted, and waits
+// for its watcher of that name to wake.
+type passedOn struct {
+	ch      <-chan struct{}
+	pool    *pgxpool.Pool
+	channel string
+	name    string
+}
+
+// newPassedOn returns a passedOn for s, whose wake-ups are sent on
+// channel of pool's database. Once the listener listens (and, for an
+// advisory store, the lock waiter of its name has made its first look),
+// its watcher is woken by its own notifications alone.
+func newPassedOn(t *testing.T, s leader.Store, pool *pgxpool.Pool, channel string) *passedOn {
+	t.Helper()
+	const name = "passed-on"
+	ch, err := s.Watch(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return &passedOn{ch: ch, pool: pool, channel: channel, name: name}
+}
+
+// wait returns once the listener has passed on every notification sent
+// before the call (unless a wake-up of every watcher came meanwhile).
+func (p *passedOn) wait(t *testing.T) {
+	t.Helper()
+	drain(p.ch)
+	if _, err := p.pool.Exec(callCtx(t), "SELECT pg_notify($1, $2)", p.channel, p.name); err != nil {
+		t.Fatal(err)
+	}
+	waitWake(t, p.ch, "after a notification of its own")
 }
 
 // TestReleaseNotificationsCoveredByTheLockWaiter checks which release

@@ -90,7 +90,9 @@ func TestLeadersWriteThroughTheFence(t *testing.T) {
 	const (
 		election = "fenced-job"
 		resource = "job-output"
-		ttl      = leader.MinTTL
+		// Long enough that renewals keep up on a busy machine, and that
+		// a takeover within it (see MaxTakeover below) has room.
+		ttl = 5 * time.Second
 	)
 	connString := pgtest.NewDatabase(t)
 	storePool := pgtest.OpenPool(t, connString)

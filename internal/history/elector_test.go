@@ -13,6 +13,11 @@ import (
 	"github.com/leaderelect/leader/leadertest"
 )
 
+// ttl is the participants' TTL: long enough that renewals keep up on a
+// busy machine. A takeover after a Resign takes at most RetryInterval (a
+// third of it), when every other participant has just resigned too.
+const ttl = 5 * time.Second
+
 // participant is one Elector under test and what records it.
 type participant struct {
 	id   string
@@ -33,7 +38,7 @@ func newParticipant(t *testing.T, dir string, store leader.Store, id string) *pa
 	e, err := leader.New(rec.Store(store, id), leader.Config{
 		Name:      name,
 		ID:        id,
-		TTL:       leader.MinTTL,
+		TTL:       ttl,
 		Logger:    slog.New(slog.DiscardHandler),
 		OnElected: onElected,
 		OnDemoted: onDemoted,
@@ -104,7 +109,7 @@ func TestElectorsOnMemStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, startAtSend := range []bool{false, true} {
-			rep := history.Check(evs, history.Bounds{MaxTakeover: time.Second, StartAtSend: startAtSend})
+			rep := history.Check(evs, history.Bounds{MaxTakeover: ttl, StartAtSend: startAtSend})
 			if !rep.OK() {
 				t.Fatalf("StartAtSend %v: the history fails:\n%v", startAtSend, rep)
 			}
