@@ -578,6 +578,11 @@ func TestAdvisoryLockWaiterWakesForAHolderGoneBeforeItsFirstLook(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWake(t, other, "once the listener listens")
+	// Observe runs on the store's own connections: open one before the
+	// gate too.
+	if _, err := watchers.Observe(callCtx(t), name); err != nil {
+		t.Fatal(err)
+	}
 	gated.Store(true)
 	ch, err := watchers.WatchFree(t.Context(), name)
 	if err != nil {

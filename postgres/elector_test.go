@@ -253,6 +253,7 @@ func TestElectorsOnPostgres(t *testing.T) {
 		db := s.pool.Config().ConnConfig.Database
 		pgtest.Shared(t).Exec(t, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET default_transaction_read_only = on")
 		s.pool.Reset() // new connections pick up the setting, as after a failover to a replica
+		s.store.ResetConnections()
 		start := time.Now()
 		electortest.Eventually(t, 10*time.Second, "a to step down", func() bool { return !a.IsLeader() })
 		if took := time.Since(start); took > 5*time.Second {

@@ -330,6 +330,13 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 // Options returns the store's options with their defaults filled in.
 func (s *LeaseStore) Options() Options { return s.opts }
 
+// ResetConnections closes the store's own connections (see
+// Options.MaxConns); the next calls open new ones. Call it after a change
+// that only new sessions see (an ALTER DATABASE ... SET, say); a
+// connection broken by a failover or restart is replaced anyway, after one
+// call fails on it.
+func (s *LeaseStore) ResetConnections() { s.pool.Reset() }
+
 // Close stops the store's wake-up listener and closes its own
 // connections; calls made after it fail. It does not close the pool given
 // to NewLeaseStore.
