@@ -191,7 +191,9 @@ func runElector(t *testing.T, c *leakCheck, store leader.Store, n int, permanent
 	if permanent {
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 		defer cancel()
+		start := time.Now()
 		err := e.Run(ctx)
+		t.Logf("Elector.Run returned after %v", time.Since(start).Round(time.Millisecond))
 		c.failed("Elector.Run", err)
 		if !errors.Is(err, leader.ErrPermanent) {
 			t.Errorf("Elector.Run: %v; want an error wrapping leader.ErrPermanent", err)
