@@ -132,14 +132,7 @@ func (l *sessionLoop[C]) sleep(ctx context.Context, d time.Duration) error {
 	if l.pause != nil {
 		return l.pause(ctx, d)
 	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
+	return sleepCtx(ctx, d)
 }
 
 // dial returns a sessionLoop's connect that opens a connection with config,
