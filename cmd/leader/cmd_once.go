@@ -215,6 +215,9 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 	}
 	cand := leader.Candidate{ID: o.id, Token: token}
 	lease, sent, granted, err := j.acquire(ctx, cand)
+	if conflict := strategyConflict(err); conflict != nil {
+		return fail(fmt.Errorf("%w; \"leader once\" always uses the lease strategy", conflict))
+	}
 	if err != nil {
 		return fail(fmt.Errorf("taking the lease of %q: %w", o.name, err))
 	}

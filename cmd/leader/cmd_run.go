@@ -181,12 +181,16 @@ func runRun(a *app, ctx context.Context, args []string) int {
 			stopRun()
 		},
 	}
+	// The Elector's record of a refusal that Run returns is left out: it
+	// is printed once, below, as this command's last word.
+	var elector *leader.Elector
+	quiet := func() bool { return elector != nil && elector.Status().LastContact.IsZero() }
 	cfg := leader.Config{
 		Name:      o.name,
 		ID:        o.id,
 		TTL:       o.ttl,
 		StopGrace: o.grace + killMargin(o.ttl),
-		Logger:    log,
+		Logger:    slog.New(refusalFilter{Handler: log.Handler(), quiet: quiet}),
 		OnElected: runner.onElected,
 		OnDemoted: runner.onDemoted,
 	}
@@ -222,7 +226,7 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	defer store.Close()
 	runner.fencePath = store.fencePath(o.name)
 
-	elector, err := leader.New(store, cfg)
+	elector, err = leader.New(store, cfg)
 	if err != nil {
 		return fail(configUsageError(err, o.ttl, o.grace))
 	}
@@ -271,7 +275,10 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	}
 	attrs = append(attrs, slog.Duration("ttl", o.ttl), slog.Duration("grace", o.grace))
 	log.Info("electing", attrs...)
-	if err := elector.Run(runCtx); err != nil {
+	if err := campaign(runCtx, elector, log.With(slog.String("election", o.name))); err != nil {
+		if conflict := strategyConflict(err); conflict != nil {
+			return fail(conflict)
+		}
 		return fail(err)
 	}
 	exitMu.Lock()
