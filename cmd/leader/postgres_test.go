@@ -24,17 +24,6 @@ import (
 func TestPostgres(t *testing.T) {
 	t.Parallel()
 
-	// migrated returns a fresh database's URL, migrated with "leader migrate".
-	migrated := func(t *testing.T, e *env) string {
-		t.Helper()
-		u := pgtest.NewDatabase(t)
-		out, stderr, code := e.run("migrate", "--store", u)
-		if code != 0 || !strings.Contains(out, "up to date") {
-			t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
-		}
-		return u
-	}
-
 	t.Run("migrate is needed first, and may run again", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
