@@ -56,7 +56,7 @@ the run time, or the next firing is skipped too. If the host running CMD dies,
 its lease stays held until it runs out: that firing's run is lost, not
 repeated elsewhere. If renewals fail (the store is unreachable), CMD is
 stopped (SIGTERM, SIGKILL after --grace) before the lease could run out, and
-"leader once" exits 1.
+"leader once" exits 125.
 
 On the embedded store (one host), runs never overlap either; but the kernel
 frees the lock when "leader once" exits, normally or not, so the window after
@@ -64,7 +64,9 @@ a run does not hold there: a later invocation runs again.
 
 On PostgreSQL "leader once" uses the lease strategy: --strategy advisory is
 refused, as its lock would be freed when "leader once" exits, and the window
-after a run could not hold.
+after a run could not hold. An election is elected with one strategy at a
+time: one that "leader run --strategy advisory" holds, or used within its
+TTL, is refused (exit code 125, nothing run).
 
 CMD's environment gets LEADER_NAME, LEADER_ID, LEADER_TERM and LEADER_HELD=1.
 SIGINT or SIGTERM stops CMD (SIGTERM, SIGKILL after --grace); the lease is
@@ -74,8 +76,11 @@ Exit codes (as timeout(1), env(1) and "docker run": 125 to 127 are leader's):
   0        another host ran (or is running) this firing, or CMD exited 0
   N        CMD's exit code; 128+N if a signal N ended it
   125      "leader once" itself failed: a usage error (bad flags, no store;
-           nothing was run), or a runtime error (the store cannot be
-           reached; or the lease was lost while CMD ran, and CMD was stopped)
+           nothing was run), a store that refused it (the election is
+           elected with the advisory strategy, tables never migrated, a
+           wrong password: the message says what to do; nothing was run),
+           or a runtime error (the store cannot be reached; or the lease
+           was lost while CMD ran, and CMD was stopped)
   126      CMD was found but could not be executed
   127      CMD was not found
 A CMD that itself exits with 125 to 127 cannot be told from these. In a
@@ -215,6 +220,9 @@ func (j *onceJob) run(ctx context.Context, fail func(error) int) int {
 	}
 	cand := leader.Candidate{ID: o.id, Token: token}
 	lease, sent, granted, err := j.acquire(ctx, cand)
+	if conflict := strategyConflict(err); conflict != nil {
+		return fail(fmt.Errorf("%w; \"leader once\" always uses the lease strategy", conflict))
+	}
 	if err != nil {
 		return fail(fmt.Errorf("taking the lease of %q: %w", o.name, err))
 	}

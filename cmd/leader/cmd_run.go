@@ -56,13 +56,18 @@ On PostgreSQL, --strategy chooses how the election is kept:
             its connection closed (at once when the process is killed;
             within about --ttl when its host vanishes). Needs PostgreSQL 14
             or later and a direct connection (no PgBouncer in transaction
-            mode); refused otherwise, with exit code 2. No TTL orders the
+            mode); refused otherwise, with exit code 125. No TTL orders the
             commands of different hosts then: if PostgreSQL itself ends the
             leader's session (a restart), another host may start its
             command while this one's is still stopping.
-LEADER_TERM grows at every grant with either strategy. Every candidate of
-an election must use the same strategy: the two keep separate records and
-do not see each other's leader.
+LEADER_TERM grows at every grant with either strategy. An election is
+elected with one strategy at a time, which the store records and enforces:
+while the other strategy holds the election, "leader run" exits 125 without
+starting anything, with a message that names both strategies and what to
+do ("leader status" and "leader watch" find the strategy themselves). To
+move an election to the other strategy, stop every "leader run" of the old
+one, then start the new ones: they wait until a TTL after the old leader
+released the election, then one of them is elected (with a greater term).
 
 When the command exits on its own, --restart decides:
   never       release the lease and exit with the command's exit code (default)
@@ -76,8 +81,12 @@ Exit codes (as timeout(1), env(1) and "docker run": 125 to 127 are leader's):
   128+N    the command was killed by signal N (not sent by "leader run")
   125      "leader run" itself failed: a usage error (bad flags or arguments,
            no store, --strategy advisory on a server that cannot serve it;
-           nothing was started), or a runtime error (the store cannot be
-           opened or reached, the command cannot be supervised)
+           nothing was started), a store that refused this instance before
+           it ever campaigned (the election is held with the other
+           strategy, tables never migrated, a wrong password: the message
+           says what to do; nothing was started), or a runtime error (the
+           store cannot be opened or reached, the command cannot be
+           supervised)
   126      the command was found but could not be executed
   127      the command was not found
 A command that itself exits with 125 to 127 cannot be told from these.
@@ -111,7 +120,7 @@ func (o *runOptions) flags() *flag.FlagSet {
 	fs.StringVar(&o.restart, "restart", restartNever, "when the command exits on its own: never, on-failure or always")
 	fs.StringVar(&o.http, "http", "", "serve /healthz, /leader and /metrics on `ADDR` (a bare :PORT listens on 127.0.0.1)")
 	describeDefault(fs, "http", "no HTTP server")
-	registerStrategy(fs, &o.strategy, "PostgreSQL strategy: lease or advisory (see above); every candidate of an election,\nand status and watch, must use the same")
+	registerStrategy(fs, &o.strategy, "PostgreSQL strategy: lease or advisory (see above); one per election: while the\nother one holds the election, this instance is refused (exit code 125)")
 	o.commonOptions.register(fs, "info")
 	return fs
 }
@@ -181,12 +190,16 @@ func runRun(a *app, ctx context.Context, args []string) int {
 			stopRun()
 		},
 	}
+	// The Elector's record of a refusal that Run returns is left out: it
+	// is printed once, below, as this command's last word.
+	var elector *leader.Elector
+	quiet := func() bool { return elector != nil && elector.Status().LastContact.IsZero() }
 	cfg := leader.Config{
 		Name:      o.name,
 		ID:        o.id,
 		TTL:       o.ttl,
 		StopGrace: o.grace + killMargin(o.ttl),
-		Logger:    log,
+		Logger:    slog.New(refusalFilter{Handler: log.Handler(), quiet: quiet}),
 		OnElected: runner.onElected,
 		OnDemoted: runner.onDemoted,
 	}
@@ -222,7 +235,7 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	defer store.Close()
 	runner.fencePath = store.fencePath(o.name)
 
-	elector, err := leader.New(store, cfg)
+	elector, err = leader.New(store, cfg)
 	if err != nil {
 		return fail(configUsageError(err, o.ttl, o.grace))
 	}
@@ -271,7 +284,10 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	}
 	attrs = append(attrs, slog.Duration("ttl", o.ttl), slog.Duration("grace", o.grace))
 	log.Info("electing", attrs...)
-	if err := elector.Run(runCtx); err != nil {
+	if err := campaign(runCtx, elector, log.With(slog.String("election", o.name))); err != nil {
+		if conflict := strategyConflict(err); conflict != nil {
+			return fail(conflict)
+		}
 		return fail(err)
 	}
 	exitMu.Lock()

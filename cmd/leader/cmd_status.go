@@ -31,14 +31,17 @@ renewed (expires), as the store reports them. Times are the store's.
 "leader" is null when no one holds the lease; "term" is then the last term
 granted (0 if never).
 
-On PostgreSQL, give the --strategy the election's candidates run with: each
-strategy keeps its own records, so with the other one the election shows no
-leader (status then adds a note on stderr if the other strategy knows the
-election). With --strategy advisory, "expires" is when PostgreSQL would end
-the leader's session if its heartbeats stopped; each heartbeat pushes it on.
+On PostgreSQL an election is elected with one strategy (lease or advisory,
+"leader run --strategy"), which the store records: status looks at the
+election with that strategy, so it needs no --strategy. Given, --strategy is
+used only for an election never elected; if the store records the other
+strategy, a note on stderr says so. With the advisory strategy, "expires" is
+when PostgreSQL would end the leader's session if its heartbeats stopped;
+each heartbeat pushes it on.
 
 Exit codes: 0 printed (whether or not anyone leads), 1 store error, 2 usage
-error (or --strategy advisory on a server that cannot serve it).
+error (or an election of the advisory strategy, or --strategy advisory, on a
+server or through a pooler that cannot serve it).
 `,
 }
 
@@ -52,11 +55,12 @@ holder, a new term, or no holder), until interrupted. Changes are noticed
 from the store's wake-ups and, for expiries, at the expiry the store
 reported. --json prints each line as a JSON object with the keys of
 "leader status --json" plus "time" (when the change was seen, this host's
-clock). On PostgreSQL, give the --strategy the election's candidates run
-with, as for status.
+clock). On PostgreSQL, watch finds the election's strategy in the store, as
+status does, and follows the election if it moves to the other strategy.
 
-Exit codes: 0 interrupted, 1 store error at start, 2 usage error (or
---strategy advisory on a server that cannot serve it).
+Exit codes: 0 interrupted, 1 store error at start, 2 usage error (or an
+election of the advisory strategy, or --strategy advisory, on a server or
+through a pooler that cannot serve it).
 `,
 }
 
@@ -79,8 +83,10 @@ func (o *statusOptions) flags(cmd string) *flag.FlagSet {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.Var((*requiredString)(&o.name), "name", "the election `NAME`")
 	fs.BoolVar(&o.json, "json", false, "print JSON")
-	registerStrategy(fs, &o.strategy, "the PostgreSQL strategy the election's candidates use: lease or advisory (each keeps its own\n"+
-		"records: with the wrong one, the election shows no leader)")
+	registerStrategy(fs, &o.strategy, "not needed: on PostgreSQL the strategy the store records for the election is used; for an\n"+
+		"election never elected, this one (lease or advisory). Kept for scripts: when the store records\n"+
+		"the other one, a note on stderr says so")
+	describeDefault(fs, "strategy", "the election's own, from the store")
 	if cmd == "watch" {
 		fs.DurationVar(&o.interval, "poll", 2*time.Second, "also look this often while no one leads, for stores without wake-ups")
 	}
@@ -88,47 +94,104 @@ func (o *statusOptions) flags(cmd string) *flag.FlagSet {
 	return fs
 }
 
-// setup parses the flags and opens the store.
-func (o *statusOptions) setup(a *app, ctx context.Context, cmd *command, args []string) (*openedStore, *slog.Logger, func(error) int, int, bool) {
+// setup parses the flags and opens the store, with the strategy the store
+// records for the election (see electionView).
+func (o *statusOptions) setup(a *app, ctx context.Context, cmd *command, args []string) (*electionView, func(error) int, int, bool) {
 	fs := o.flags(cmd.name)
 	if _, code, ok := a.parse(cmd, fs, args, false); !ok {
-		return nil, nil, nil, code, false
+		return nil, nil, code, false
 	}
 	rawStore, storeErr := o.storeURL(a, fs)
 	red := redact.ForURL(rawStore)
 	fail := func(err error) int { return a.fail(cmd.name, red, err) }
 	log, err := o.logger(a.stderr, red)
 	if err != nil {
-		return nil, nil, nil, fail(err), false
+		return nil, nil, fail(err), false
 	}
 	if o.name == "" {
-		return nil, nil, nil, fail(usagef("missing --name: the election to show")), false
+		return nil, nil, fail(usagef("missing --name: the election to show")), false
 	}
 	if storeErr != nil {
-		return nil, nil, nil, fail(storeErr), false
+		return nil, nil, fail(storeErr), false
 	}
 	spec, err := parseStoreURL(rawStore)
 	if err != nil {
-		return nil, nil, nil, fail(err), false
+		return nil, nil, fail(err), false
 	}
 	if spec, err = withStrategy(spec, o.strategy); err != nil {
-		return nil, nil, nil, fail(err), false
+		return nil, nil, fail(err), false
 	}
+	spec.election = o.name
 	store, err := openStore(ctx, spec, log)
 	if err != nil {
-		return nil, nil, nil, fail(err), false
+		return nil, nil, fail(err), false
 	}
-	return store, log, fail, 0, true
+	if flagGiven(fs, "strategy") && store.strategy != spec.strategy {
+		fmt.Fprintf(a.stderr, "leader %s: note: election %q is elected with the %s strategy, as the store records it: "+
+			"showing its leader there, not under --strategy %s (%s finds an election's strategy by itself: leave out --strategy)\n",
+			cmd.name, o.name, store.strategy, spec.strategy, cmd.name)
+	}
+	return &electionView{name: o.name, spec: spec, log: log, store: store}, fail, 0, true
+}
+
+// flagGiven reports whether the flag name was set on the command line
+// parsed by fs.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
+// electionView looks at one election for status and watch. On PostgreSQL
+// an election is elected with one strategy at a time, which the store
+// records: the view uses that strategy's store, and follows the election
+// when it moves to the other strategy (or is first elected there), so that
+// it never shows "no leader" for an election that is led.
+type electionView struct {
+	name  string
+	spec  storeSpec // spec.election is name
+	log   *slog.Logger
+	store *openedStore
+}
+
+func (v *electionView) Close() { v.store.Close() }
+
+// look returns the election's lease. When the lease is not held under the
+// view's strategy and the store now records the other strategy for the
+// election, look opens that strategy's store and reads the lease there;
+// moved then reports that the view's store changed (a watch of the old one
+// is stale).
+func (v *electionView) look(ctx context.Context) (l leader.Lease, moved bool, err error) {
+	l, err = v.store.Observe(ctx, v.name)
+	if err != nil || l.Held() || v.store.strategyOf == nil {
+		return l, false, err
+	}
+	strategy, err := v.store.strategyOf(ctx, v.name)
+	if err != nil {
+		return l, false, fmt.Errorf("finding the strategy of election %q: %w", v.name, err)
+	}
+	if strategy == "" || strategy == v.store.strategy {
+		return l, false, nil
+	}
+	next, err := openStore(ctx, v.spec, v.log)
+	if err != nil {
+		return l, false, err
+	}
+	v.store.Close()
+	v.store = next
+	v.log.Info("the election is elected with the other strategy now; looking there", slog.String("strategy", next.strategy))
+	l, err = next.Observe(ctx, v.name)
+	return l, true, err
 }
 
 func runStatus(a *app, ctx context.Context, args []string) int {
 	var o statusOptions
-	store, _, fail, code, ok := o.setup(a, ctx, statusCommand, args)
+	view, fail, code, ok := o.setup(a, ctx, statusCommand, args)
 	if !ok {
 		return code
 	}
-	defer store.Close()
-	lease, err := store.Observe(ctx, o.name)
+	defer view.Close()
+	lease, _, err := view.look(ctx)
 	if err != nil {
 		return fail(fmt.Errorf("reading the lease of %q: %w", o.name, err))
 	}
@@ -137,41 +200,7 @@ func runStatus(a *app, ctx context.Context, args []string) int {
 	} else {
 		printStatus(a.stdout, o.name, lease, time.Now())
 	}
-	if note := strategyHint(ctx, store, o.name, lease); note != "" {
-		fmt.Fprintf(a.stderr, "leader status: note: %s\n", note)
-	}
 	return exitOK
-}
-
-// strategyHint returns a note for people when the election shows no leader
-// under the store's PostgreSQL strategy but the other strategy has a leader
-// for it, or has records of it while this one has none: the usual cause is
-// status or watch run without the --strategy of the election's candidates.
-// It returns "" otherwise, and when the other strategy cannot be read.
-func strategyHint(ctx context.Context, store *openedStore, name string, l leader.Lease) string {
-	if l.Held() || store.observeOther == nil {
-		return ""
-	}
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
-	other, err := store.observeOther(ctx, name)
-	if err != nil {
-		return ""
-	}
-	otherStrategy := strategyAdvisory
-	if store.strategy == strategyAdvisory {
-		otherStrategy = strategyLease
-	}
-	const advice = "give status and watch the --strategy that the election's candidates run with"
-	switch {
-	case other.Held():
-		return fmt.Sprintf("this shows the %s strategy's records; under --strategy %s, %q is led by %s (term %d): %s",
-			store.strategy, otherStrategy, name, other.HolderID, other.Term, advice)
-	case l.Term == 0 && other.Term > 0:
-		return fmt.Sprintf("%q was never granted under the %s strategy, but has records under --strategy %s (last term %d): %s",
-			name, store.strategy, otherStrategy, other.Term, advice)
-	}
-	return ""
 }
 
 // statusJSON is the JSON form of a lease, for status and watch.
@@ -258,19 +287,32 @@ func keyOf(l leader.Lease) leaseKey {
 
 func runWatch(a *app, ctx context.Context, args []string) int {
 	var o statusOptions
-	store, log, fail, code, ok := o.setup(a, ctx, watchCommand, args)
+	view, fail, code, ok := o.setup(a, ctx, watchCommand, args)
 	if !ok {
 		return code
 	}
-	defer store.Close()
+	defer view.Close()
+	log := view.log
 
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wake, err := store.Watch(wctx, o.name)
-	if err != nil {
-		log.Warn("store wake-ups unavailable; looking at expiries and every --poll", slog.Any("error", err))
-		wake = nil
+	// wake is the view's store's wake-ups, subscribed again when the
+	// election moves to the other strategy's store.
+	var (
+		wake      <-chan struct{}
+		stopWatch = func() {}
+	)
+	subscribe := func() {
+		stopWatch()
+		wctx, cancel := context.WithCancel(ctx)
+		stopWatch = cancel
+		var err error
+		if wake, err = view.store.Watch(wctx, o.name); err != nil {
+			log.Warn("store wake-ups unavailable; looking at expiries and every --poll", slog.Any("error", err))
+			wake = nil
+		}
 	}
+	subscribe()
+	defer func() { stopWatch() }()
+
 	var (
 		last    leaseKey
 		printed bool
@@ -290,8 +332,11 @@ func runWatch(a *app, ctx context.Context, args []string) int {
 			timer.Stop()
 		case <-timer.C:
 		}
-		lease, err := store.Observe(ctx, o.name)
+		lease, moved, err := view.look(ctx)
 		now := time.Now()
+		if moved {
+			subscribe()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return exitOK
@@ -309,11 +354,6 @@ func runWatch(a *app, ctx context.Context, args []string) int {
 		if failing {
 			log.Warn("store reachable again")
 			failing = false
-		}
-		if !printed {
-			if note := strategyHint(ctx, store, o.name, lease); note != "" {
-				log.Warn(note)
-			}
 		}
 		if k := keyOf(lease); !printed || k != last {
 			printed, last = true, k

@@ -24,17 +24,6 @@ import (
 func TestPostgres(t *testing.T) {
 	t.Parallel()
 
-	// migrated returns a fresh database's URL, migrated with "leader migrate".
-	migrated := func(t *testing.T, e *env) string {
-		t.Helper()
-		u := pgtest.NewDatabase(t)
-		out, stderr, code := e.run("migrate", "--store", u)
-		if code != 0 || !strings.Contains(out, "up to date") {
-			t.Fatalf("migrate: exit %d\n%s%s", code, out, stderr)
-		}
-		return u
-	}
-
 	t.Run("migrate is needed first, and may run again", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
@@ -73,7 +62,7 @@ func TestPostgres(t *testing.T) {
 		advisoryFailover(t, e, migrated(t, e))
 	})
 
-	t.Run("advisory: status and watch show the leader only with the same strategy", func(t *testing.T) {
+	t.Run("advisory: status and watch find the strategy in the store and show the leader", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
 		advisoryStatus(t, e, migrated(t, e))
@@ -314,94 +303,124 @@ func advisoryFailover(t *testing.T, e *env, store string) {
 }
 
 // advisoryStatus checks status and watch on an election led with the
-// advisory strategy: with --strategy advisory they show the leader and its
-// term, and watch sees a killed leader go well within the TTL; without it
-// they show no leader, and say on stderr where the leader is.
+// advisory strategy: they find the strategy in the store, so without
+// --strategy (or with the wrong one, which adds a note on stderr) they show
+// the leader and its term, and watch sees a killed leader go well within
+// the TTL; a watch started before the election was first elected follows
+// it to the advisory strategy.
 func advisoryStatus(t *testing.T, e *env, store string) {
-	status := func(args ...string) (map[string]any, string) {
+	status := func(name string, args ...string) (map[string]any, string) {
 		t.Helper()
-		out, stderr, code := e.run(append([]string{"status", "--store", store, "--name", "adv", "--json"}, args...)...)
+		out, stderr, code := e.run(append([]string{"status", "--store", store, "--name", name, "--json"}, args...)...)
 		var st map[string]any
 		if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
 			t.Fatalf("status %v: exit %d, output %q\n%s", args, code, out, stderr)
 		}
 		return st, stderr
 	}
-	watchLines := func(w *proc) []map[string]any {
-		var out []map[string]any
-		sc := bufio.NewScanner(strings.NewReader(w.stdout.String()))
-		for sc.Scan() {
-			var m map[string]any
-			if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-				t.Fatalf("watch printed a line that is not JSON: %q", sc.Text())
-			}
-			out = append(out, m)
-		}
-		return out
+
+	// A watch that starts before anyone was elected (the lease strategy's
+	// store, then) must show the advisory leader when there is one.
+	early := e.start("watch", "--store", store, "--name", "adv", "--json")
+	waitFor(t, 20*time.Second, "the early watch's first line", func() bool { return len(watchLines(t, early)) > 0 })
+	if l := watchLines(t, early)[0]; l["leader"] != nil || l["term"].(float64) != 0 {
+		t.Errorf("watch before any election: %v, want no leader and term 0", l)
 	}
 
 	r := e.start("run", "--store", store, "--name", "adv", "--id", "alpha", "--strategy", "advisory", "--ttl", advisoryTTL, "--", "sleep", "1000")
-	waitFor(t, 20*time.Second, "status --strategy advisory to show alpha leading", func() bool {
-		st, _ := status("--strategy", "advisory")
+	waitFor(t, 20*time.Second, "status to show alpha leading", func() bool {
+		st, _ := status("adv")
 		return st["leader"] == "alpha"
 	})
-	st, stderr := status("--strategy", "advisory")
+	st, stderr := status("adv")
 	if st["held"] != true || st["term"].(float64) < 1 || st["expires_at"] == nil || st["acquired_at"] == nil ||
 		st["remaining_seconds"].(float64) <= 0 || stderr != "" {
-		t.Errorf("status --strategy advisory --json: %v\n%s", st, stderr)
+		t.Errorf("status --json without --strategy: %v\n%s", st, stderr)
 	}
 	term := st["term"].(float64)
-	text, _, code := e.run("status", "--store", store, "--name", "adv", "--strategy", "advisory")
-	if code != 0 || !strings.Contains(text, "alpha") || !strings.Contains(text, "term      "+strconv.Itoa(int(term))) {
-		t.Errorf("status --strategy advisory: exit %d\n%s", code, text)
+	text, stderr, code := e.run("status", "--store", store, "--name", "adv")
+	if code != 0 || !strings.Contains(text, "alpha") || !strings.Contains(text, "term      "+strconv.Itoa(int(term))) || stderr != "" {
+		t.Errorf("status without --strategy: exit %d\n%s%s", code, text, stderr)
 	}
-
-	// Without --strategy, the lease table has no record of the election:
-	// no leader, and a note that names the strategy and the leader.
-	st, stderr = status()
-	if st["leader"] != nil || st["held"] != false || st["term"].(float64) != 0 {
-		t.Errorf("status without --strategy: %v", st)
+	if st, stderr := status("adv", "--strategy", "advisory"); st["leader"] != "alpha" || stderr != "" {
+		t.Errorf("status --strategy advisory: %v\n%s", st, stderr)
 	}
-	for _, want := range []string{"--strategy advisory", "alpha", "give status and watch the --strategy"} {
+	// The wrong --strategy is overruled by the store, with a note.
+	st, stderr = status("adv", "--strategy", "lease")
+	if st["leader"] != "alpha" || st["term"].(float64) != term {
+		t.Errorf("status --strategy lease of an advisory election: %v, want alpha and term %v", st, term)
+	}
+	for _, want := range []string{"note", `"adv" is elected with the advisory strategy`, "--strategy lease"} {
 		if !strings.Contains(stderr, want) {
-			t.Errorf("status without --strategy does not say %q on stderr:\n%s", want, stderr)
+			t.Errorf("status --strategy lease of an advisory election does not say %q on stderr:\n%s", want, stderr)
 		}
 	}
-
-	// watch sees the leader, and a killed leader go without waiting for
-	// the TTL (the store's lock waiter wakes it).
-	w := e.start("watch", "--store", store, "--name", "adv", "--strategy", "advisory", "--json")
-	waitFor(t, 20*time.Second, "watch to show alpha", func() bool {
-		l := watchLines(w)
-		return len(l) > 0 && l[len(l)-1]["leader"] == "alpha"
+	waitFor(t, 20*time.Second, "the early watch to show alpha", func() bool {
+		l := watchLines(t, early)
+		return l[len(l)-1]["leader"] == "alpha"
 	})
+	if l := watchLines(t, early); len(l) != 2 || l[1]["term"].(float64) != term {
+		t.Errorf("the early watch printed %v, want none, then alpha with term %v", l, term)
+	}
+
+	// watch without --strategy: its first line shows the leader, and it
+	// sees a killed leader go without waiting for the TTL (the store's
+	// lock waiter wakes it).
+	w := e.start("watch", "--store", store, "--name", "adv", "--json")
+	waitFor(t, 20*time.Second, "watch's first line", func() bool { return len(watchLines(t, w)) > 0 })
+	if l := watchLines(t, w)[0]; l["leader"] != "alpha" || l["held"] != true || l["term"].(float64) != term {
+		t.Errorf("watch's first line: %v, want alpha with term %v", l, term)
+	}
 	r.signal(syscall.SIGKILL)
 	killedAt := time.Now()
 	waitFor(t, advisoryTakeover, "watch to show no leader after SIGKILL of the leader", func() bool {
-		l := watchLines(w)
+		l := watchLines(t, w)
 		return l[len(l)-1]["leader"] == nil && l[len(l)-1]["held"] == false
 	})
 	t.Logf("advisory strategy: watch saw the killed leader go after %v", time.Since(killedAt).Round(time.Millisecond))
-	w.signal(syscall.SIGTERM)
-	if code := w.wait(10 * time.Second); code != 0 {
-		t.Errorf("watch exit code %d after SIGTERM", code)
+	for _, p := range []*proc{w, early} {
+		p.signal(syscall.SIGTERM)
+		if code := p.wait(10 * time.Second); code != 0 {
+			t.Errorf("watch exit code %d after SIGTERM", code)
+		}
 	}
-	if l := watchLines(w); len(l) != 2 || l[1]["term"].(float64) != term {
+	if l := watchLines(t, w); len(l) != 2 || l[1]["term"].(float64) != term {
 		t.Errorf("watch printed %v, want alpha then none with term %v", l, term)
 	}
-	if st, _ := status("--strategy", "advisory"); st["leader"] != nil || st["term"].(float64) != term {
+	if st, _ := status("adv"); st["leader"] != nil || st["term"].(float64) != term {
 		t.Errorf("status after the leader was killed: %v, want no leader and the last term %v", st, term)
 	}
 
 	// The other way round: an election of the lease strategy, looked at
-	// with --strategy advisory.
+	// with --strategy advisory, shows its last term, with a note.
 	if _, stderr, code := e.run("run", "--store", store, "--name", "leased", "--", "true"); code != 0 {
 		t.Fatalf("run: exit %d\n%s", code, stderr)
 	}
 	out, stderr, code := e.run("status", "--store", store, "--name", "leased", "--strategy", "advisory")
-	if code != 0 || !strings.Contains(out, "none (never granted)") || !strings.Contains(stderr, "--strategy lease") {
+	if code != 0 || !strings.Contains(out, "none (last term 1)") || !strings.Contains(stderr, "elected with the lease strategy") {
 		t.Errorf("status --strategy advisory of a lease election: exit %d\n%s%s", code, out, stderr)
 	}
+	// An election never elected shows no leader, with either strategy.
+	for _, args := range [][]string{nil, {"--strategy", "advisory"}} {
+		if st, stderr := status("never", args...); st["leader"] != nil || st["term"].(float64) != 0 || stderr != "" {
+			t.Errorf("status %v of an election never elected: %v\n%s", args, st, stderr)
+		}
+	}
+}
+
+// watchLines returns the JSON lines that "leader watch --json" printed.
+func watchLines(t *testing.T, w *proc) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(w.stdout.String()))
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("watch printed a line that is not JSON: %q", sc.Text())
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 func checkDemo(t *testing.T, out, stderr string, code int) {

@@ -174,18 +174,20 @@ func (r subcommandRun) check(t *testing.T, secrets ...string) {
 }
 
 // runEverySubcommand runs, at once, every subcommand that talks to the
-// store, with each strategy where it has one, at debug level where it
-// logs, and returns what each printed. A subcommand still running after a
-// few seconds (watch, or run retrying) is stopped with SIGTERM.
+// store, with each strategy where it has one (on an election of its own:
+// one election has one strategy), at debug level where it logs, and
+// returns what each printed. A subcommand still running after a few
+// seconds (watch, or run retrying) is stopped with SIGTERM.
 func runEverySubcommand(t *testing.T, e *env, store string) []subcommandRun {
 	t.Helper()
 	var runs []subcommandRun
 	for _, strategy := range []string{"lease", "advisory"} {
+		name := "pw-" + strategy
 		for _, args := range [][]string{
-			{"status", "--name", "pw"},
-			{"status", "--name", "pw", "--json"},
-			{"watch", "--name", "pw", "--json", "--log-level", "debug"},
-			{"run", "--name", "pw", "--log-level", "debug", "--", "true"},
+			{"status", "--name", name},
+			{"status", "--name", name, "--json"},
+			{"watch", "--name", name, "--json", "--log-level", "debug"},
+			{"run", "--name", name, "--log-level", "debug", "--", "true"},
 		} {
 			args = append([]string{args[0], "--store", store, "--strategy", strategy}, args[1:]...)
 			runs = append(runs, subcommandRun{args: args, strategy: strategy})

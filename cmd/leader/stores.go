@@ -18,8 +18,10 @@ import (
 	"github.com/leaderelect/leader/filelock"
 )
 
-// Strategies on PostgreSQL (--strategy). Each keeps its own records: the
-// candidates of one election, and status and watch, must all use the same.
+// Strategies on PostgreSQL (--strategy). An election is elected with one
+// of them at a time, which the store records and enforces (see
+// postgres.StrategyConflictError): "leader run" is told its strategy, and
+// status and watch find it from the store.
 const (
 	strategyLease    = "lease"    // postgres.LeaseStore: a row whose lease runs out
 	strategyAdvisory = "advisory" // postgres.AdvisoryStore: a session advisory lock
@@ -67,10 +69,11 @@ type openedStore struct {
 	fenceDir string
 	// migrate creates or updates the store's schema (PostgreSQL only).
 	migrate func(ctx context.Context) error
-	// observeOther reads name's lease under the other PostgreSQL strategy,
-	// for a hint when this one shows no leader (nil elsewhere).
-	observeOther func(ctx context.Context, name string) (leader.Lease, error)
-	close        func()
+	// strategyOf returns the PostgreSQL strategy that the store records
+	// for election name, "" for a name never elected (nil for the
+	// embedded store, which has no strategies).
+	strategyOf func(ctx context.Context, name string) (string, error)
+	close      func()
 }
 
 // fencePath returns the fence of election name on this store.
@@ -91,6 +94,10 @@ type storeSpec struct {
 	display  string
 	dir      string // fileStore
 	strategy string // postgresStore: strategyLease or strategyAdvisory; see withStrategy
+	// election, when set (status and watch), has a PostgreSQL store opened
+	// with the strategy the store records for this election, and with
+	// strategy only for an election never elected.
+	election string
 }
 
 // parseStoreURL checks a store URL without opening anything.

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/cmd/leader/internal/fence"
 	"github.com/leaderelect/leader/postgres"
 )
@@ -74,12 +73,13 @@ func postgresPool(ctx context.Context, spec storeSpec) (*pgxpool.Pool, string, e
 // checks it too; checking here first lets the message name the flags.
 const minAdvisoryServer = 140000
 
-// openPostgres opens the store of spec's strategy. Unless forMigrate, it
-// checks that the strategy's table exists, so that a forgotten "leader
-// migrate" is reported once, clearly, instead of on every store call; for
-// the advisory strategy it also checks that the server can serve it, and
-// refuses with a usage error a server that cannot: the flags ask for
-// something this store cannot do.
+// openPostgres opens the store of spec's strategy: for an election
+// (spec.election), the strategy the store records for it. Unless
+// forMigrate, it checks that the strategy's table exists, so that a
+// forgotten "leader migrate" is reported once, clearly, instead of on every
+// store call; for the advisory strategy it also checks that the server can
+// serve it, and refuses with a usage error a server that cannot: the flags
+// (or the URL) ask for something this store cannot do.
 func openPostgres(ctx context.Context, spec storeSpec, log *slog.Logger, forMigrate bool) (*openedStore, error) {
 	pool, id, err := postgresPool(ctx, spec)
 	if err != nil {
@@ -100,46 +100,63 @@ func openPostgres(ctx context.Context, spec storeSpec, log *slog.Logger, forMigr
 		id:       id,
 		fenceDir: fence.HostDir(),
 		migrate:  func(ctx context.Context) error { return postgres.Migrate(ctx, pool, opts) },
+		strategyOf: func(ctx context.Context, name string) (string, error) {
+			strategy, err := postgres.StrategyOf(ctx, pool, opts, name)
+			return string(strategy), err
+		},
 		close: func() {
 			leases.Close()
 			pool.Close()
 		},
 	}
-	switch {
-	case forMigrate:
-		// Migrate creates both strategies' tables.
-	case spec.strategy == strategyAdvisory:
-		advisory, err := openAdvisory(ctx, spec, pool, opts, full)
+	if forMigrate {
+		// Migrate creates every table.
+		return s, nil
+	}
+	if spec.election != "" {
+		strategy, err := recordedStrategy(ctx, spec, pool, s, full)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		if strategy != "" {
+			s.strategy = strategy
+		}
+	}
+	if s.strategy == strategyAdvisory {
+		advisory, err := openAdvisory(ctx, spec, pool, opts, full, s.strategy != spec.strategy)
 		if err != nil {
 			s.Close()
 			return nil, err
 		}
 		s.Store = advisory
-		s.observeOther = leases.Observe
 		s.close = func() {
 			advisory.Close()
 			leases.Close()
 			pool.Close()
 		}
-	default:
-		if err := checkTable(ctx, spec, pool, "lease table", full.Schema, full.Table); err != nil {
-			s.Close()
-			return nil, err
-		}
-		s.observeOther = func(ctx context.Context, name string) (leader.Lease, error) {
-			// Rarely needed (see strategyHint): open the advisory store
-			// only then. It fails where the advisory strategy cannot
-			// work (a pooler, an old server), and so was not used.
-			advisory, err := postgres.NewAdvisoryStore(ctx, pool, opts)
-			if err != nil {
-				return leader.Lease{}, err
-			}
-			defer advisory.Close()
-			return advisory.Observe(ctx, name)
-		}
+	} else if err := checkTable(ctx, spec, pool, "lease table", full.Schema, full.Table); err != nil {
+		s.Close()
+		return nil, err
 	}
-	log.Debug("store opened", slog.String("store", spec.display), slog.String("strategy", spec.strategy))
+	log.Debug("store opened", slog.String("store", spec.display), slog.String("strategy", s.strategy))
 	return s, nil
+}
+
+// recordedStrategy returns the strategy that s records for spec.election,
+// "" if it was never elected, after checking that the strategy table
+// exists.
+func recordedStrategy(ctx context.Context, spec storeSpec, pool *pgxpool.Pool, s *openedStore, full postgres.Options) (string, error) {
+	if err := checkTable(ctx, spec, pool, "strategy table", full.Schema, full.StrategyTable); err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	strategy, err := s.strategyOf(ctx, spec.election)
+	if err != nil {
+		return "", fmt.Errorf("finding the strategy of election %q on %s: %w", spec.election, spec.display, err)
+	}
+	return strategy, nil
 }
 
 // checkTable reports, as an error that says to run "leader migrate", if
@@ -162,9 +179,25 @@ func checkTable(ctx context.Context, spec storeSpec, pool *pgxpool.Pool, what, s
 // checked with a clearer message than the postgres package's: the server's
 // version (a usage error) and the table. A pooler shows only on the store's
 // own connection; NewAdvisoryStore reports it, and it is a usage error too.
-func openAdvisory(ctx context.Context, spec storeSpec, pool *pgxpool.Pool, opts, full postgres.Options) (*postgres.AdvisoryStore, error) {
+// recorded says that the strategy is the one the store records for
+// spec.election, not one --strategy asked for: the messages then name the
+// election, and do not offer --strategy lease.
+func openAdvisory(ctx context.Context, spec storeSpec, pool *pgxpool.Pool, opts, full postgres.Options, recorded bool) (*postgres.AdvisoryStore, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
+	const pooler = "a connection pooler (such as PgBouncer in transaction mode: statements run in another server process than the one that accepted the connection)"
+	subject := "--strategy advisory"
+	upgradeAdvice := "use --strategy lease (the default), or upgrade the server"
+	pooled := fmt.Sprintf("--strategy advisory needs a direct connection to PostgreSQL, but %s goes through %s, "+
+		"where the leader's lock would stay on a server connection that other clients go on using; "+
+		"give a URL that reaches PostgreSQL directly, or use --strategy lease (the default), which works through a pooler",
+		spec.display, pooler)
+	if recorded {
+		subject = fmt.Sprintf("election %q is elected with the advisory strategy, which", spec.election)
+		upgradeAdvice = "upgrade the server"
+		pooled = fmt.Sprintf("election %q is elected with the advisory strategy, whose leader can be looked at only over a direct connection to PostgreSQL, "+
+			"but %s goes through %s; give a URL that reaches PostgreSQL directly", spec.election, spec.display, pooler)
+	}
 	var (
 		version     int
 		versionText string
@@ -174,8 +207,8 @@ func openAdvisory(ctx context.Context, spec storeSpec, pool *pgxpool.Pool, opts,
 		return nil, fmt.Errorf("reading the server version of %s: %w", spec.display, err)
 	}
 	if version < minAdvisoryServer {
-		return nil, usagef("--strategy advisory needs PostgreSQL 14 or later, but %s runs PostgreSQL %s: use --strategy lease (the default), or upgrade the server",
-			spec.display, versionText)
+		return nil, usagef("%s needs PostgreSQL 14 or later, but %s runs PostgreSQL %s: %s",
+			subject, spec.display, versionText, upgradeAdvice)
 	}
 	if err := checkTable(ctx, spec, pool, "advisory strategy's table", full.Schema, full.AdvisoryTable); err != nil {
 		return nil, err
@@ -183,11 +216,7 @@ func openAdvisory(ctx context.Context, spec storeSpec, pool *pgxpool.Pool, opts,
 	advisory, err := postgres.NewAdvisoryStore(ctx, pool, opts)
 	switch {
 	case errors.Is(err, postgres.ErrPooledSession):
-		return nil, usagef("--strategy advisory needs a direct connection to PostgreSQL, but %s goes through a connection pooler "+
-			"(such as PgBouncer in transaction mode: statements run in another server process than the one that accepted the connection), "+
-			"where the leader's lock would stay on a server connection that other clients go on using; "+
-			"give a URL that reaches PostgreSQL directly, or use --strategy lease (the default), which works through a pooler",
-			spec.display)
+		return nil, usagef("%s", pooled)
 	case err != nil:
 		return nil, fmt.Errorf("opening the advisory store on %s: %w", spec.display, err)
 	}

@@ -25,7 +25,8 @@ Stores (--store URL, or $LEADER_STORE):
                                           runs out; --strategy advisory: as soon as PostgreSQL
                                           notices its connection closed (PostgreSQL 14+, a
                                           direct connection: no PgBouncer in transaction mode).
-                                          status and watch need the candidates' --strategy
+                                          One strategy per election: the store refuses the
+                                          other; status and watch find it themselves
   file:///some/dir                        the embedded store: a file lock in a local
                                           directory, for processes on this host only;
                                           the usual one: ` + defaultStoreDirHelp + `
