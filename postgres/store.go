@@ -28,11 +28,12 @@
 // the strategy table (Options.StrategyTable, by default
 // public.leader_strategies) records each name's strategy, every grant locks
 // the name's row there and grants only under its own strategy, and a
-// candidate of the other strategy is refused with a [*StrategyConflictError]
-// (which names the name and both strategies, and wraps
-// [leader.ErrPermanent], so that an Elector's Run returns it at once)
-// while the name's lease is held under the strategy that has it, or was
-// held or released there within the last TTL. A fleet half-way through a
+// candidate of the other strategy is refused with a [*StrategyConflictError],
+// which names the name and both strategies, while the name's lease is held
+// under the strategy that has it (the error then wraps [leader.ErrPermanent],
+// so that an Elector's Run returns it at once), or was held or released
+// there within the last TTL (the Elector then tries again, and is granted
+// the name once the TTL has passed). A fleet half-way through a
 // change of strategy, or a typo in one instance's configuration, is loud
 // and never elects twice. Terms stay unique and growing per name across
 // strategies: a name that moves keeps counting from the other strategy's
@@ -250,7 +251,8 @@
 // what to do: a refused password or login (SQLSTATE 28P01, 28000), an
 // unknown database (3D000), missing tables (42P01, 3F000: run `leader
 // migrate` or [Migrate]), a missing privilege (42501, with the GRANT to
-// run, see Privileges), and a [*StrategyConflictError]. An Elector's Run
+// run, see Privileges), and a [*StrategyConflictError] for a name the other
+// strategy holds. An Elector's Run
 // returns the first such error that comes before any of its store calls
 // succeeded, so that a misconfigured service fails at start; after one has
 // succeeded, it logs them at ERROR, shows them in Status.Problem (and

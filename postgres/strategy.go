@@ -34,13 +34,17 @@ func (s Strategy) other() Strategy {
 }
 
 // StrategyConflictError is the error (wrapped) of a store's Acquire for a
-// name that the other strategy uses: its lease is held there now, or was
-// within the last TTL. Nothing was granted. It wraps leader.ErrPermanent,
-// so an Elector's Run returns it at once if it comes before any store call
-// succeeded: a fleet with candidates of both strategies for one name is a
-// misconfiguration, and a loud one. To move a name from one strategy to
-// the other, stop every candidate of the old strategy, then start the new
-// ones: they are granted the name a TTL after the old leader stopped.
+// name that the other strategy uses: its lease is held there now (Held),
+// or was held or released there within the last TTL. Nothing was granted.
+//
+// While the other strategy holds the name, it wraps leader.ErrPermanent, so
+// an Elector's Run returns it at once if it comes before any store call
+// succeeded: candidates of both strategies for one name at once are a
+// misconfiguration, and a loud one. Otherwise the name is moving to this
+// strategy (its old candidates were stopped), and the Elector retries like
+// after any refusal: it is granted the name once a TTL has passed, at
+// Until. So to move a name from one strategy to the other, stop every
+// candidate of the old strategy, then start the new ones.
 type StrategyConflictError struct {
 	Name  string   // the election name
 	Want  Strategy // the strategy of the candidate that was refused
@@ -56,15 +60,22 @@ type StrategyConflictError struct {
 func (e *StrategyConflictError) Error() string {
 	why := "its lease is held there now"
 	if !e.Held {
-		why = "its lease was held there within the last TTL, until a TTL before " + e.Until.UTC().Format(time.RFC3339Nano)
+		why = "its lease was held or released there less than a TTL ago; it can move to the " + string(e.Want) +
+			" strategy at " + e.Until.UTC().Format(time.RFC3339Nano) + " on the server's clock"
 	}
 	return fmt.Sprintf("election %q is elected with the %s strategy (%s), and this candidate uses the %s strategy: a name must be elected with one strategy only; "+
 		"to move it to the %s strategy, stop every %s candidate of it, then start the %s ones",
 		e.Name, e.InUse, why, e.Want, e.Want, e.InUse, e.Want)
 }
 
-// Unwrap returns leader.ErrPermanent.
-func (e *StrategyConflictError) Unwrap() error { return leader.ErrPermanent }
+// Unwrap returns leader.ErrPermanent while the other strategy holds the
+// name, and nil otherwise.
+func (e *StrategyConflictError) Unwrap() error {
+	if e.Held {
+		return leader.ErrPermanent
+	}
+	return nil
+}
 
 // errNotClaimed is a grant's error when the strategy table does not give
 // the name to the grant's strategy: the caller claims it (claimStrategy).

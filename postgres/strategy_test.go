@@ -43,8 +43,8 @@ func wantConflict(t *testing.T, err error, name string, want Strategy, held bool
 	if c.Name != name || c.Want != want || c.InUse != want.other() || c.Held != held {
 		t.Errorf("conflict %+v; want name %q, want %s, in use %s, held %v", *c, name, want, want.other(), held)
 	}
-	if !errors.Is(err, leader.ErrPermanent) {
-		t.Errorf("conflict %v does not wrap leader.ErrPermanent", err)
+	if errors.Is(err, leader.ErrPermanent) != held {
+		t.Errorf("conflict %v wraps leader.ErrPermanent: %v; want %v (only while the name is held)", err, errors.Is(err, leader.ErrPermanent), held)
 	}
 	for _, s := range []string{fmt.Sprintf("%q", name), string(StrategyLease), string(StrategyAdvisory), "one strategy only"} {
 		if !strings.Contains(err.Error(), s) {

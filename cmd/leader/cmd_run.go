@@ -284,7 +284,7 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	}
 	attrs = append(attrs, slog.Duration("ttl", o.ttl), slog.Duration("grace", o.grace))
 	log.Info("electing", attrs...)
-	if err := campaign(runCtx, elector, log.With(slog.String("election", o.name))); err != nil {
+	if err := elector.Run(runCtx); err != nil {
 		if conflict := strategyConflict(err); conflict != nil {
 			return fail(conflict)
 		}

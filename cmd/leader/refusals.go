@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"time"
 
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/postgres"
@@ -65,39 +64,4 @@ func strategyConflict(err error) *postgres.StrategyConflictError {
 		return conflict
 	}
 	return nil
-}
-
-// minMoveWait is the shortest wait of campaign between two looks at an
-// election that is moving from the other strategy.
-const minMoveWait = 250 * time.Millisecond
-
-// campaign runs elector until ctx ends (nil) or Run returns an error, which
-// it returns. An election that the other PostgreSQL strategy holds is a
-// misconfiguration (candidates of both strategies at once): Run's
-// *postgres.StrategyConflictError is returned at once. An election that the
-// other strategy used within its TTL but that nobody holds is a fleet
-// moving to this strategy: its old candidates were stopped, and the store
-// lets the election move a TTL after the last one stopped; campaign waits
-// for that, and runs elector again.
-func campaign(ctx context.Context, elector *leader.Elector, log *slog.Logger) error {
-	for {
-		err := elector.Run(ctx)
-		conflict := strategyConflict(err)
-		if conflict == nil || conflict.Held {
-			return err
-		}
-		// Until is on the server's clock: wait at most a TTL at a time, and
-		// look again if that was too early.
-		wait := min(max(time.Until(conflict.Until), minMoveWait), elector.Config().TTL)
-		log.Info("waiting for the election to move to this strategy: the other one used it within its TTL, and nobody holds it now",
-			slog.String("from", string(conflict.InUse)), slog.String("to", string(conflict.Want)),
-			slog.Time("until", conflict.Until), slog.Duration("wait", wait.Round(time.Millisecond)))
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return nil
-		case <-timer.C:
-		}
-	}
 }

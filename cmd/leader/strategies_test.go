@@ -164,8 +164,8 @@ func TestMixedStrategies(t *testing.T) {
 		if mustAtoi(t, starts[1].fields[4]) <= mustAtoi(t, starts[0].fields[4]) {
 			t.Errorf("LEADER_TERM went from %s to %s, want it to grow across strategies", starts[0].fields[4], starts[1].fields[4])
 		}
-		if !strings.Contains(moved.stderr.String(), "waiting for the election to move to this strategy") {
-			t.Errorf("the advisory candidate does not say that it waits for the election to move:\n%s", moved.stderr.String())
+		if !strings.Contains(moved.stderr.String(), "it can move to the advisory strategy at") {
+			t.Errorf("the advisory candidate does not say when the election can move:\n%s", moved.stderr.String())
 		}
 		log.checkNoOverlap()
 	})
