@@ -79,6 +79,12 @@ type Elector struct {
 	status    Status
 	leaderCtx context.Context // non-nil while leading
 	published leaderKey       // last observed leader given to OnNewLeader
+
+	// refused says that the last tenure ended because the store refused
+	// its renewals with ErrPermanent, and refusals counts such tenures in
+	// a row (see holdOff). Only Run's goroutine uses them.
+	refused  bool
+	refusals int
 }
 
 // leaderKey identifies one observed leadership for change detection.
@@ -279,7 +285,7 @@ func (e *Elector) Run(ctx context.Context) error {
 		// woken by the release, gets the lease first, and an instance whose
 		// renewals fail does not win it straight back.
 		e.lead(ctx, lease, sent)
-		notBefore = time.Now().Add(e.cfg.RetryInterval)
+		notBefore = time.Now().Add(e.holdOff())
 	}
 }
 

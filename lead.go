@@ -213,11 +213,21 @@ loop:
 				slog.Uint64("term", term), slog.Any("error", lastErr))
 			break loop
 		case err := <-t.failed:
-			if errors.Is(err, ErrLeaseLost) {
+			switch {
+			case errors.Is(err, ErrLeaseLost):
 				reason = stop(LossExpired)
 				e.log.Error("lease lost: the store no longer has it held by this instance; stepped down",
 					slog.Uint64("term", term), slog.Any("error", err))
-			} else {
+			case errors.Is(err, ErrPermanent):
+				// Renewals cannot succeed until a person mends the
+				// store's configuration: step down now rather than at
+				// the deadline, and campaign again only after a backoff
+				// (see Run), not at once to fail the same way.
+				reason = stop(LossError)
+				e.refused = true
+				e.log.Error("the store refuses renewals for a reason that retrying will not mend; stepped down",
+					slog.Uint64("term", term), slog.Any("error", err))
+			default:
 				reason = stop(LossError)
 				e.log.Error("store is read-only (for example a replica or a database in recovery); stepped down",
 					slog.Uint64("term", term), slog.Any("error", err))
@@ -276,6 +286,22 @@ loop:
 		}
 	}
 	return reason
+}
+
+// holdOff returns how long Run waits before campaigning again after a
+// tenure: RetryInterval, or, after consecutive tenures that ended because
+// the store refused renewals with ErrPermanent, RetryInterval doubled at
+// each up to maxPermanentBackoff, so that a leader whose grants work and
+// renewals do not (a missing privilege, say) does not step up and down at
+// every RetryInterval. Only Run's goroutine calls it.
+func (e *Elector) holdOff() time.Duration {
+	if !e.refused {
+		e.refusals = 0
+		return e.cfg.RetryInterval
+	}
+	e.refused = false
+	e.refusals++
+	return e.retryWait(true, e.refusals)
 }
 
 // renewEpoch anchors the grid of renewal times that every Elector of the

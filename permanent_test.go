@@ -173,3 +173,44 @@ func TestStepDownLogNamesTheCause(t *testing.T) {
 		t.Errorf("no step-down line in the log:\n%s", out)
 	}
 }
+
+// TestRefusedRenewalsBackOff checks a leader whose store grants but
+// refuses renewals with a permanent error (a role missing one privilege,
+// say): it steps down at the first refusal, with reason "error", and
+// campaigns again after a backoff that doubles, instead of stepping up and
+// down at every RetryInterval.
+func TestRefusedRenewalsBackOff(t *testing.T) {
+	t.Parallel()
+	store := newFaultStore(leadertest.NewMemStore())
+	metrics := &recordingMetrics{}
+	cfg := testConfig("refused", "a")
+	cfg.TTL = 30 * time.Second
+	cfg.RenewInterval = 20 * time.Millisecond
+	cfg.RetryInterval = 20 * time.Millisecond
+	cfg.Metrics = metrics
+	e, err := leader.New(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.set(func(f *faultStore) { f.renewErr = errMisconfigured })
+	stop := runElector(t, e)
+	eventually(t, 20*time.Second, "five tenures", func() bool {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return len(store.grants) >= 5
+	})
+	stop()
+	store.mu.Lock()
+	grants := append([]time.Time(nil), store.grants...)
+	store.mu.Unlock()
+	first, last := grants[1].Sub(grants[0]), grants[4].Sub(grants[3])
+	if last < 4*first {
+		t.Errorf("gaps between tenures %v then %v: want the wait to double after each refused tenure", first, last)
+	}
+	losses := metrics.losses()
+	for _, r := range losses[:len(losses)-1] { // the last tenure may end with the stop
+		if r != leader.LossError {
+			t.Errorf("a tenure ended for reason %q; want %q at the first refused renewal", r, leader.LossError)
+		}
+	}
+}

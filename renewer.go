@@ -302,7 +302,7 @@ func (t *tenure) renewed(sent, contact time.Time, r Renewal, every time.Duration
 	}
 	e.recordCall("renew", sent, r.Err)
 	switch {
-	case errors.Is(r.Err, ErrLeaseLost), errors.Is(r.Err, ErrReadOnly):
+	case errors.Is(r.Err, ErrLeaseLost), errors.Is(r.Err, ErrReadOnly), errors.Is(r.Err, ErrPermanent):
 		select {
 		case t.failed <- r.Err:
 		default:

@@ -7,8 +7,9 @@ import (
 	"runtime"
 )
 
-// DefaultDir returns the per-user directory the leader command keeps its
-// elections in when no store is named: $XDG_STATE_HOME/leader, or
+// DefaultDir returns the per-user directory that the leader command
+// suggests for the embedded store (it uses none unless named, as
+// file:///dir): $XDG_STATE_HOME/leader, or
 // ~/.local/state/leader when XDG_STATE_HOME is unset or not absolute, on
 // Linux and the BSDs; the user's configuration directory plus "leader"
 // elsewhere (~/Library/Application Support/leader on macOS). It is a state

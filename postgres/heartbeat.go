@@ -5,6 +5,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -101,12 +102,15 @@ type beatStatements struct {
 	// One row per lease moved (or one row of NULLs): the heartbeat's
 	// expiry and time left, the count of leases that were under it when
 	// the statement began, and the lease moved. No row: the heartbeat
-	// was not renewed. insert also deletes up to 1,000 heartbeats of
-	// processes long gone ("swept"): expired for a minute and more, with
-	// no lease row naming them (nothing reads such a row again), skipping
-	// any another process is deleting; so the table stays the size of the
-	// live processes (one new heartbeat per store and TTL each start).
+	// was not renewed.
 	insert, renew string
+	// sweep, after a new heartbeat's insert: deletes up to 1,000
+	// heartbeats of processes long gone, expired for a minute and more,
+	// that no lease row names (nothing reads such a row again), skipping
+	// any that another process is deleting; so the table stays the size
+	// of the live processes (one new heartbeat per store and TTL each
+	// start). Best effort: a role without DELETE on the table leaves them.
+	sweep string
 	// reconcile: $1 heartbeat id, $2 names, $3 tokens, $4 terms of the
 	// leases the store has under it. Takes out from under the heartbeat
 	// every other lease (each keeps the heartbeat's expiry as its own),
@@ -133,17 +137,17 @@ FROM beat AS b LEFT JOIN moved AS m ON true`, table, expiry(hbTable))
 		insert: fmt.Sprintf(`
 WITH durable AS (
 	SELECT %[2]s
-), swept AS (
-	DELETE FROM %[1]s AS g WHERE g.id IN (
-		SELECT o.id FROM %[1]s AS o
-		WHERE o.expires_at < clock_timestamp() - interval '1 minute'
-			AND NOT EXISTS (SELECT FROM %[3]s AS l WHERE l.heartbeat = o.id)
-		LIMIT 1000
-		FOR UPDATE SKIP LOCKED)
 ), beat AS (
 	INSERT INTO %[1]s AS h (id, expires_at)
 	SELECT $1, clock_timestamp() + $2::interval FROM durable
-	RETURNING h.expires_at`, hbTable, durableCommit, table) + move,
+	RETURNING h.expires_at`, hbTable, durableCommit) + move,
+		sweep: fmt.Sprintf(`
+DELETE FROM %[1]s AS g WHERE g.id IN (
+	SELECT o.id FROM %[1]s AS o
+	WHERE o.expires_at < clock_timestamp() - interval '1 minute'
+		AND NOT EXISTS (SELECT FROM %[2]s AS l WHERE l.heartbeat = o.id)
+	LIMIT 1000
+	FOR UPDATE SKIP LOCKED)`, hbTable, table),
 		// The renewal is an UPDATE: if a statement taking over one of
 		// its leases marked it dead meanwhile, it waits for that
 		// statement and then finds the heartbeat dead.
@@ -203,6 +207,26 @@ func (s *LeaseStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
 		}
 	}
 	s.renewals.renewedElsewhere(batch)
+	if s.sweepDue.CompareAndSwap(true, false) {
+		s.sweep(ctx)
+	}
+}
+
+// sweep deletes heartbeat rows of processes long gone (beatStatements.sweep),
+// best effort: without the DELETE privilege it says so once, in a warning
+// with the GRANT to run, and goes on.
+func (s *LeaseStore) sweep(ctx context.Context) {
+	_, err := s.pool.Exec(ctx, s.beatSQL.sweep)
+	switch {
+	case err == nil:
+	case sqlState(err) == "42501":
+		s.sweepRefused.Do(func() {
+			s.opts.Logger.Warn("cannot delete the heartbeat rows of processes long gone, so the table grows by one row per process start: GRANT DELETE ON "+
+				s.opts.qualifiedHeartbeatTable()+" TO the store's role", slog.Any("error", err))
+		})
+	default:
+		s.opts.Logger.Debug("deleting the heartbeat rows of processes long gone failed; the next new heartbeat tries again", slog.Any("error", err))
+	}
 }
 
 // renewBeat renews the leases of group, all asking for ttl, with the
@@ -278,6 +302,9 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 			}
 			return nil
 		})
+	}
+	if err == nil && !created {
+		s.sweepDue.Store(true) // a new heartbeat: sweep those of gone processes
 	}
 	if err != nil {
 		if !created {

@@ -54,9 +54,13 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("postgres: migrate: %w", err)
 	}
+	_, hadDeadline := ctx.Deadline()
 	ctx, cancel := opts.bound(ctx)
 	defer cancel()
 	what := fmt.Sprintf("migrate schema %q", opts.Schema)
+	if !hadDeadline {
+		what += fmt.Sprintf(" (within Options.CallTimeout, %v)", opts.CallTimeout)
+	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
 			return fmt.Errorf("taking the migration lock: %w", err)

@@ -145,7 +145,7 @@ func TestCallsAreBoundedWithoutADeadline(t *testing.T) {
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Migrate on a silent server: %v; want an error wrapping context.DeadlineExceeded", err)
 	}
-	if took := time.Since(start); took > 10*time.Second {
+	if took := time.Since(start); took > 3*time.Second { // under DefaultConnectTimeout, which must not be what ends it
 		t.Errorf("Migrate on a silent server took %v with CallTimeout %v", took, opts.CallTimeout)
 	}
 
@@ -159,7 +159,7 @@ func TestCallsAreBoundedWithoutADeadline(t *testing.T) {
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Acquire on a silent server: %v; want an error wrapping context.DeadlineExceeded", err)
 	}
-	if took := time.Since(start); took > 10*time.Second {
+	if took := time.Since(start); took > 3*time.Second { // under DefaultConnectTimeout, which must not be what ends it
 		t.Errorf("Acquire on a silent server took %v with CallTimeout %v", took, opts.CallTimeout)
 	}
 }

@@ -481,3 +481,26 @@ func routeAs(t *testing.T, role appRole) {
 		return n == 0
 	})
 }
+
+// TestHeartbeatsWithoutDelete checks a role that may not delete heartbeat
+// rows (the grants of an earlier version): renewals go on as ever, and the
+// store says once, with the GRANT to run, that it cannot delete the rows
+// of processes long gone.
+func TestHeartbeatsWithoutDelete(t *testing.T) {
+	t.Parallel()
+	role := newAppRole(t)
+	if _, err := role.admin.Exec(callCtx(t), "REVOKE DELETE ON public.leader_heartbeats FROM "+pgx.Identifier{role.name}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	alice := candidate("alice")
+	for i := range 2 { // two stores, two new heartbeats
+		s := role.leaseStore(t, fmt.Sprint("store-", i))
+		l := mustGrant(t, s, fmt.Sprint("no-delete-", i), alice, time.Minute)
+		for range 3 {
+			mustRenewBatch(t, s, renewals(alice, time.Minute, l))
+		}
+	}
+	if n := strings.Count(role.logs.String(), "GRANT DELETE ON \\\"public\\\".\\\"leader_heartbeats\\\""); n != 2 {
+		t.Errorf("%d warnings naming the GRANT DELETE; want one per store:\n%s", n, role.logs.String())
+	}
+}

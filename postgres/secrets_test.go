@@ -193,7 +193,11 @@ func runElector(t *testing.T, c *leakCheck, store leader.Store, n int, permanent
 		defer cancel()
 		start := time.Now()
 		err := e.Run(ctx)
-		t.Logf("Elector.Run returned after %v", time.Since(start).Round(time.Millisecond))
+		took := time.Since(start)
+		t.Logf("Elector.Run returned after %v", took.Round(time.Millisecond))
+		if took > 5*time.Second { // a generous bound: it takes milliseconds
+			t.Errorf("Elector.Run returned after %v; want it at once", took)
+		}
 		c.failed("Elector.Run", err)
 		if !errors.Is(err, leader.ErrPermanent) {
 			t.Errorf("Elector.Run: %v; want an error wrapping leader.ErrPermanent", err)

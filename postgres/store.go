@@ -273,6 +273,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -292,6 +294,11 @@ type LeaseStore struct {
 	renewals *renewBatcher
 	beats    beats
 	beatSQL  beatStatements
+	// sweepDue is set when a new heartbeat was made, and the next
+	// RenewBatch sweeps the heartbeats of gone processes (see sweep);
+	// sweepRefused says once that the role may not delete them.
+	sweepDue     atomic.Bool
+	sweepRefused sync.Once
 }
 
 var (
