@@ -100,6 +100,7 @@ func FuzzOptions(f *testing.F) {
 			{got.qualifiedHeartbeatTable(), []string{got.Schema, got.HeartbeatTable}},
 			{got.heartbeatIndex(), []string{shortName(got.Table + "_heartbeat")}},
 			{got.qualifiedStrategyTable(), []string{got.Schema, got.StrategyTable}},
+			{got.qualifiedStatusView(), []string{got.Schema, shortName(got.Table + "_status")}},
 		} {
 			parts, err := unquoteIdentifier(q.quoted)
 			if err != nil {
@@ -122,6 +123,7 @@ func FuzzOptions(f *testing.F) {
 			defaults.qualifiedHeartbeatTable(), got.qualifiedHeartbeatTable(),
 			defaults.heartbeatIndex(), got.heartbeatIndex(),
 			defaults.qualifiedStrategyTable(), got.qualifiedStrategyTable(),
+			defaults.qualifiedStatusView(), got.qualifiedStatusView(),
 		)
 		gotStmts := sqlOf(got)
 		for i := range gotStmts {
