@@ -504,7 +504,7 @@ func TestFenceRefusesAPausedLeader(t *testing.T) {
 // another language does, such as a child of the leader command that knows
 // LEADER_NAME and LEADER_TERM: on a connection of its own, in one script
 // sent with the simple query protocol (as psql -c sends it), and with psql
-// itself where it is installed.
+// itself where it is installed, as the package documentation shows.
 func TestFenceFunctionForChildren(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -565,12 +565,21 @@ func TestFenceFunctionForChildren(t *testing.T) {
 		if err != nil {
 			t.Skip("psql is not installed")
 		}
+		// As the package documentation shows it: the name and the term
+		// in psql's variables, the script on stdin.
+		const stdin = `BEGIN;
+SELECT leader_leases_fence(:'name', :term);
+INSERT INTO fenced_writes VALUES (:'note', :term);
+COMMIT;
+`
 		run := func(term uint64, note string) (string, error) {
-			cmd := exec.CommandContext(callCtx(t), psql, url, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", script(term, note))
+			cmd := exec.CommandContext(callCtx(t), psql, url, "-X", "-q", "-v", "ON_ERROR_STOP=1",
+				"-v", "name=report", "-v", fmt.Sprint("term=", term), "-v", "note="+note)
+			cmd.Stdin = strings.NewReader(stdin)
 			out, err := cmd.CombinedOutput()
 			return string(out), err
 		}
-		if out, err := run(l.Term, "psql"); err != nil || !written(t, b.pool, "psql") {
+		if out, err := run(l.Term, "psql, it's mine"); err != nil || !written(t, b.pool, "psql, it's mine") {
 			t.Fatalf("psql with the holder's term: %v\n%s", err, out)
 		}
 		out, err := run(l.Term+1, "psql, wrong term")
@@ -579,6 +588,11 @@ func TestFenceFunctionForChildren(t *testing.T) {
 		}
 		if written(t, b.pool, "psql, wrong term") {
 			t.Error("the write of the refused psql script is visible")
+		}
+		// And the one-line form, for names without quotes.
+		oneLine, err := exec.CommandContext(callCtx(t), psql, url, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", script(l.Term, "psql -c")).CombinedOutput()
+		if err != nil || !written(t, b.pool, "psql -c") {
+			t.Fatalf("psql -c with the holder's term: %v\n%s", err, oneLine)
 		}
 	})
 }
