@@ -55,15 +55,16 @@ const FenceSQLState = "LF001"
 // guaranteed).
 //
 // While tx is open, a takeover of the lease waits for it, and so do a
-// release and a renewal that writes the lease row: the Electors renew in
-// heartbeats (RenewBatch), which write it only in the first round after a
-// grant, and the heartbeat row is never locked. Keep fenced transactions
-// short, well under the election's RenewInterval. Fence one name per
-// transaction: locks on two could deadlock with a renewal round, which
-// PostgreSQL breaks by failing one of them (SQLSTATE 40P01). In a
-// REPEATABLE READ or SERIALIZABLE transaction, call Fence first: a lease
-// row changed since the transaction's snapshot fails it with SQLSTATE
-// 40001, to be retried.
+// release and a renewal that writes the lease row: the lease strategy's
+// Electors renew in heartbeats (RenewBatch), which write it only in the
+// first round after a grant (the heartbeat row is never locked), and the
+// advisory strategy's renewals write it only when the TTL changes. Keep
+// fenced transactions short, well under the election's RenewInterval.
+// Fence one name per transaction: locks on two could deadlock with a
+// renewal round, which PostgreSQL breaks by failing one of them (SQLSTATE
+// 40P01). In a REPEATABLE READ or SERIALIZABLE transaction, call Fence
+// first: a lease row changed since the transaction's snapshot fails it
+// with SQLSTATE 40001, to be retried.
 func Fence(ctx context.Context, tx pgx.Tx, opts Options, name string, term uint64) error {
 	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
