@@ -109,6 +109,9 @@ func grantHint(message string) string {
 	if schema, ok := strings.CutPrefix(message, "permission denied for schema "); ok {
 		return fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s; see Privileges in the postgres package documentation", schema, role)
 	}
+	if fn, ok := strings.CutPrefix(message, "permission denied for function "); ok {
+		return fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s TO %s (the fence function: see FenceFunction in the postgres package documentation)", fn, role)
+	}
 	if db, ok := strings.CutPrefix(message, "permission denied for database "); ok {
 		return fmt.Sprintf("GRANT CONNECT ON DATABASE %s TO %s; see Privileges in the postgres package documentation", db, role)
 	}

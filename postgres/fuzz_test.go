@@ -101,6 +101,7 @@ func FuzzOptions(f *testing.F) {
 			{got.heartbeatIndex(), []string{shortName(got.Table + "_heartbeat")}},
 			{got.qualifiedStrategyTable(), []string{got.Schema, got.StrategyTable}},
 			{got.qualifiedStatusView(), []string{got.Schema, shortName(got.Table + "_status")}},
+			{got.qualifiedFenceFunction(), []string{got.Schema, shortName(got.Table + "_fence")}},
 		} {
 			parts, err := unquoteIdentifier(q.quoted)
 			if err != nil {
@@ -124,6 +125,8 @@ func FuzzOptions(f *testing.F) {
 			defaults.heartbeatIndex(), got.heartbeatIndex(),
 			defaults.qualifiedStrategyTable(), got.qualifiedStrategyTable(),
 			defaults.qualifiedStatusView(), got.qualifiedStatusView(),
+			defaults.qualifiedFenceFunction(), got.qualifiedFenceFunction(),
+			fenceQuote(defaults), fenceQuote(got),
 		)
 		gotStmts := sqlOf(got)
 		for i := range gotStmts {

@@ -29,7 +29,8 @@ var migrateLockKey = func() int64 {
 
 // Migrate creates the tables described by opts (the lease table, the
 // advisory strategy's table and the Router's message table, and their
-// schema, if missing), or does nothing for those that exist. It is safe to
+// schema, if missing), or does nothing for those that exist, and creates or
+// replaces the status view and the fence function (see Fence). It is safe to
 // run every time a program starts, from many processes at once: it runs in
 // one transaction that first takes a transaction-scoped advisory lock, so
 // concurrent calls wait for each other instead of racing on the catalog.
@@ -94,23 +95,40 @@ func migrationScript(opts Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	replacer := strings.NewReplacer(
+		"{{table}}", opts.qualifiedTable(),
+		"{{advisory_table}}", opts.qualifiedAdvisoryTable(),
+		"{{message_table}}", opts.qualifiedMessageTable(),
+		"{{message_index}}", opts.messageIndex(),
+		"{{heartbeat_table}}", opts.qualifiedHeartbeatTable(),
+		"{{heartbeat_index}}", opts.heartbeatIndex(),
+		"{{strategy_table}}", opts.qualifiedStrategyTable(),
+		"{{status_view}}", opts.qualifiedStatusView(),
+		"{{fence_function}}", opts.qualifiedFenceFunction(),
+		"{{fence_quote}}", fenceQuote(opts),
+	)
 	var b strings.Builder
 	for _, name := range names { // fs.Glob returns names in lexical order
 		sql, err := migrations.ReadFile(name)
 		if err != nil {
 			return "", err
 		}
-		b.WriteString(strings.NewReplacer(
-			"{{table}}", opts.qualifiedTable(),
-			"{{advisory_table}}", opts.qualifiedAdvisoryTable(),
-			"{{message_table}}", opts.qualifiedMessageTable(),
-			"{{message_index}}", opts.messageIndex(),
-			"{{heartbeat_table}}", opts.qualifiedHeartbeatTable(),
-			"{{heartbeat_index}}", opts.heartbeatIndex(),
-			"{{strategy_table}}", opts.qualifiedStrategyTable(),
-			"{{status_view}}", opts.qualifiedStatusView(),
-		).Replace(string(sql)))
+		b.WriteString(replacer.Replace(string(sql)))
 		b.WriteString("\n")
 	}
 	return b.String(), nil
+}
+
+// fenceQuote returns the dollar quote of the fence function's body
+// (migration 007): $fence$, or $fence1$, $fence2$... if one of the names
+// in the body contains it. Only a name could: the rest of the body does
+// not, and a quoted name begins and ends with a double quote, which no
+// such quote contains.
+func fenceQuote(opts Options) string {
+	names := opts.qualifiedTable() + opts.qualifiedHeartbeatTable() + opts.qualifiedAdvisoryTable() + opts.qualifiedStrategyTable()
+	quote := "$fence$"
+	for i := 1; strings.Contains(names, quote); i++ {
+		quote = fmt.Sprintf("$fence%d$", i)
+	}
+	return quote
 }

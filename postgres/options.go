@@ -303,6 +303,14 @@ func (o Options) qualifiedStatusView() string {
 	return pgx.Identifier{o.Schema, shortName(o.Table + "_status")}.Sanitize()
 }
 
+// qualifiedFenceFunction returns the quoted, schema-qualified name of the
+// fence function (migration 007, see Fence): the lease table's name
+// followed by "_fence", in the tables' schema, shortened like Channel when
+// too long.
+func (o Options) qualifiedFenceFunction() string {
+	return pgx.Identifier{o.Schema, shortName(o.Table + "_fence")}.Sanitize()
+}
+
 // heartbeatIndex returns the quoted name of the lease table's index on its
 // heartbeat column, which lives in the table's schema.
 func (o Options) heartbeatIndex() string {

@@ -359,6 +359,29 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Parallel()
 		routeAs(t, role)
 	})
+
+	t.Run("the role may fence its transactions, on both strategies", func(t *testing.T) {
+		t.Parallel()
+		// The fence function is executable by PUBLIC, and its row locks
+		// need the UPDATE privilege that the role has.
+		for _, s := range []leader.Store{role.leaseStore(t, "fence-lease"), role.advisoryStore(t, "fence-advisory")} {
+			name := fmt.Sprintf("fence-%T", s)
+			alice := candidate("alice")
+			l := mustGrant(t, s, name, alice, time.Minute)
+			fence := func(term uint64) error {
+				return pgx.BeginFunc(callCtx(t), role.pool, func(tx pgx.Tx) error {
+					return Fence(callCtx(t), tx, Options{}, name, term)
+				})
+			}
+			if err := fence(l.Term); err != nil {
+				t.Errorf("%s: Fence of the holder's term as %s: %v", name, role.name, err)
+			}
+			mustRelease(t, s, name, alice, l.Term)
+			if err := fence(l.Term); !errors.Is(err, leader.ErrLeaseLost) {
+				t.Errorf("%s: Fence of a released term as %s: %v; want leader.ErrLeaseLost", name, role.name, err)
+			}
+		}
+	})
 }
 
 // electAndHandOver runs two Electors of name as role, each on a store of its own

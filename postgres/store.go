@@ -45,6 +45,51 @@
 // went without a release, a TTL after a new candidate first saw it gone).
 // [StrategyOf] tells which strategy a name uses.
 //
+// # Fenced writes
+//
+// The Elector ends a leader's belief before its lease could end (DESIGN.md
+// invariant 1), but a process paused past its lease (SIGSTOP, a VM pause, a
+// long stall) or a write delayed on its way can still reach the database
+// after another instance was elected. Writes to the election's own
+// database can be made exactly safe: the leader's transaction calls
+// [Fence] with the term it was elected under ([leader.TermFrom] of the
+// leader context), and commits only if that term held the lease when
+// Fence ran; then no later term can be granted until the transaction
+// ends, so its writes land before the next leader's, or never. Otherwise
+// Fence returns an error wrapping [leader.ErrLeaseLost], and the server
+// has aborted the transaction.
+//
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		term, _ := leader.TermFrom(ctx)
+//		if err := postgres.Fence(ctx, tx, postgres.Options{}, "nightly-report", term); err != nil {
+//			return err // the term is over: rolled back
+//		}
+//		_, err := tx.Exec(ctx, "INSERT INTO reports ...")
+//		return err
+//	})
+//
+// Fence calls a function that [Migrate] creates beside the lease table
+// (by default public.leader_leases_fence(name text, term bigint); see
+// [FenceFunction]), which programs in any language call the same way,
+// such as the children of the leader command, which know only LEADER_NAME
+// and LEADER_TERM (psql's variables quote the name; -c "BEGIN; SELECT
+// leader_leases_fence('$LEADER_NAME', $LEADER_TERM); ...; COMMIT;" does
+// the same for a name without quotes):
+//
+//	psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -v name="$LEADER_NAME" -v term="$LEADER_TERM" <<'SQL'
+//	BEGIN;
+//	SELECT leader_leases_fence(:'name', :term);
+//	INSERT INTO reports ...;
+//	COMMIT;
+//	SQL
+//
+// It raises SQLSTATE LF001 ([FenceSQLState]) when the term does not hold
+// the lease. It works for both strategies. It holds the name's row locks
+// until the transaction ends, so that a takeover waits for it: keep fenced
+// transactions short, and fence one name per transaction. See Fence for
+// why it is safe, and for what a failover to an asynchronous standby does
+// to it.
+//
 // # Connection poolers
 //
 // A transaction-pooling proxy such as PgBouncer cannot keep session state
@@ -69,7 +114,17 @@
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO leader_app;
 //
 // The message table's identity sequence needs no grant, and LISTEN,
-// NOTIFY, advisory locks, pg_locks and pg_stat_activity need none.
+// NOTIFY, advisory locks, pg_locks and pg_stat_activity need none. Nor
+// does the fence function (see Fenced writes), which PostgreSQL lets
+// PUBLIC execute; where the database's default privileges revoke that:
+//
+//	GRANT EXECUTE ON FUNCTION public.leader_leases_fence(text, bigint) TO leader_app;
+//
+// It runs with its caller's privileges, and its row locks need UPDATE on
+// the tables above: a role that fences, such as a leader command's child
+// logged in as a role of its own, needs USAGE on the schema and SELECT,
+// UPDATE on leader_leases, leader_heartbeats, leader_advisory and
+// leader_strategies.
 // Migrate run as such a role fails with SQLSTATE 42501 ("permission denied
 // for schema public") even when every table exists: PostgreSQL checks the
 // CREATE privilege before IF NOT EXISTS. pg_stat_activity shows how long a
