@@ -199,6 +199,7 @@ func TestUsageErrors(t *testing.T) {
 		{"advisory strategy for once", []string{"once", "--store", "postgres://u:pw@127.0.0.1:1/db", "--strategy", "advisory", "--name", "x", "--", "true"}, "window after a run"},
 		{"unknown store scheme", []string{"status", "--store", "mysql://h/db", "--name", "x"}, `unknown scheme "mysql"`},
 		{"relative file store", []string{"status", "--store", "file://relative/dir", "--name", "x"}, "file:///path"},
+		{"file store in the root directory", []string{"status", "--store", "file:///", "--name", "x"}, "not the root directory"},
 		{"bad log format", []string{"status", "--name", "x", "--log-format", "xml"}, "--log-format"},
 		{"status without name", []string{"status"}, "missing --name"},
 		{"watch without name", []string{"watch"}, "missing --name"},

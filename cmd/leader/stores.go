@@ -124,7 +124,12 @@ func parseStoreURL(raw string) (storeSpec, error) {
 		if u.Path == "" || !filepath.IsAbs(u.Path) {
 			return storeSpec{}, usagef("--store %s: want an absolute directory: file:///path", display)
 		}
-		return storeSpec{kind: fileStore, dir: filepath.Clean(u.Path), raw: raw, display: display}, nil
+		dir := filepath.Clean(u.Path)
+		if dir == string(filepath.Separator) {
+			// The store writes files of its own beside each name's.
+			return storeSpec{}, usagef("--store %s: the embedded store needs a directory of its own, not the root directory: file:///path", display)
+		}
+		return storeSpec{kind: fileStore, dir: dir, raw: raw, display: display}, nil
 	default:
 		return storeSpec{}, usagef("--store %s: unknown scheme %q; want postgres://…, postgresql://… or file:///dir", display, scheme)
 	}
