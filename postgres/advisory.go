@@ -264,7 +264,7 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		pool:        own,
 		opts:        opts,
 		config:      config,
-		sql:         newAdvisoryStatements(opts.qualifiedAdvisoryTable(), opts.qualifiedStrategyTable()),
+		sql:         newAdvisoryStatements(opts.qualifiedAdvisoryTable(), opts.qualifiedStrategyTable(), opts.qualifiedEpochTable()),
 		wakeups:     newWakeups(config, opts, "the advisory store's wake-ups"),
 		sessions:    make(map[sessionKey]*session),
 		waiters:     make(map[string]*lockWaiter),

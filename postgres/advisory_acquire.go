@@ -231,6 +231,9 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 				}
 			}
 		}
+		if r.inGrace {
+			return leader.Lease{Name: name}, false, false, nil
+		}
 		if r.granted() && !r.marked {
 			s.log.Debug("holding the lock without its mark: another session holds the two-int4 advisory lock of the same keys",
 				slog.String("election", name))
@@ -373,6 +376,8 @@ type grantResult struct {
 	previousPID               *int32 // the previous holder's backend
 	marked                    bool   // the grant took the lock's mark too
 	mine                      bool   // the strategy table gives the name to this strategy
+	epochOK                   bool   // no failover grace holds grants off (see epochCTEs)
+	inGrace                   bool   // refused for the grace after a failover; the lock let go
 }
 
 func (r grantResult) granted() bool { return r.got && r.term != nil }
@@ -404,7 +409,7 @@ func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session
 		n int64
 	)
 	err := conn.QueryRow(ctx, stmt, name, ss.key, c.Token, c.ID, iv, ms, idle, every, hi, lo).
-		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased, &r.previousPID, &r.marked, &r.mine)
+		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased, &r.previousPID, &r.marked, &r.mine, &r.epochOK)
 	if err != nil {
 		if sqlState(err) == "23505" { // unique_violation: the key, taken by another name at the same moment
 			return r, fmt.Errorf("advisory key %d of %q is used by another election name (raced for its first grant); give one of them another key with Options.Key: %w",
@@ -424,6 +429,11 @@ func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session
 		}
 		if !r.mine && r.other == nil {
 			return r, errNotClaimed
+		}
+		if !r.epochOK && r.other == nil {
+			// A failover's grace (see epochCTEs): refused, the lock let go.
+			r.got, r.inGrace = false, true
+			return r, nil
 		}
 		return r, fmt.Errorf("advisory key %d of %q is already used by election %q (a hash collision, or the same Options.Key given twice); give one of them another key with Options.Key, or delete the unused name's row from %s",
 			ss.key, name, deref(r.other), s.opts.qualifiedAdvisoryTable())

@@ -126,7 +126,7 @@ func remainingSQL(held, ttl string) string {
 var grantTemplate = `
 WITH {lock}, st AS MATERIALIZED (
 	SELECT s.term_floor FROM {s} AS s WHERE s.name = $1 AND s.strategy = 'advisory' AND (SELECT lk.got FROM lk) FOR KEY SHARE
-), marked AS MATERIALIZED (
+), {ep}, marked AS MATERIALIZED (
 	SELECT pg_try_advisory_lock(` + markClass + `, pg_backend_pid()) AS ok FROM lk WHERE lk.got
 ), other AS (
 	SELECT a.name FROM {t} AS a WHERE a.key = $2 AND a.name <> $1 LIMIT 1
@@ -134,11 +134,11 @@ WITH {lock}, st AS MATERIALIZED (
 	SELECT a.holder_token IS NOT NULL AS unreleased, a.holder_pid FROM {t} AS a WHERE a.name = $1
 ), granted AS (
 	INSERT INTO {t} AS a (name, key, term, holder_token, holder_id, holder_pid, ttl, acquired_at)
-	SELECT $1, $2, st.term_floor + 1, $3, $4, pg_backend_pid(), $5::interval, clock_timestamp()
-	FROM lk, st WHERE lk.got AND NOT EXISTS (SELECT FROM other)
+	SELECT $1, $2, greatest(st.term_floor, ep.floor) + 1, $3, $4, pg_backend_pid(), $5::interval, clock_timestamp()
+	FROM lk, st, ep WHERE lk.got AND ep.ok AND NOT EXISTS (SELECT FROM other)
 	ON CONFLICT (name) DO UPDATE
 	SET (key, term, holder_token, holder_id, holder_pid, ttl, acquired_at) = (
-		excluded.key, greatest(a.term, (SELECT st.term_floor FROM st)) + 1, excluded.holder_token, excluded.holder_id,
+		excluded.key, greatest(a.term, (SELECT st.term_floor FROM st), (SELECT ep.floor FROM ep)) + 1, excluded.holder_token, excluded.holder_id,
 		excluded.holder_pid, excluded.ttl, excluded.acquired_at)
 	RETURNING a.term, a.acquired_at, a.name
 ), armed AS (
@@ -153,7 +153,7 @@ SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
 	{locked},
 	coalesce((SELECT unreleased FROM previous), false), (SELECT holder_pid FROM previous),
-	coalesce((SELECT ok FROM marked), false), EXISTS (SELECT FROM st)
+	coalesce((SELECT ok FROM marked), false), EXISTS (SELECT FROM st), (SELECT ep.ok FROM ep)
 FROM lk
 LEFT JOIN granted AS g ON true
 LEFT JOIN cur AS c ON true`
@@ -185,10 +185,12 @@ var (
 	claimedLocked = `($9::bigint, $10::bigint) IS NOT NULL` // true; it names $9 and $10, which a statement must use
 )
 
-func newAdvisoryStatements(table, strategies string) advisoryStatements {
-	// {t} is the table, {s} the strategy table, {grant} and {release} the
-	// NOTIFY payloads of a grant and a release of the row's name.
-	fill := strings.NewReplacer("{t}", table, "{s}", strategies, "{grant}", grantPayload, "{release}", releasePayload).Replace
+func newAdvisoryStatements(table, strategies, epochs string) advisoryStatements {
+	// {t} is the table, {s} the strategy table, {ep} the epoch CTEs (see
+	// epochCTEs), {grant} and {release} the NOTIFY payloads of a grant and
+	// a release of the row's name.
+	fill := strings.NewReplacer("{t}", table, "{s}", strategies, "{ep}", epochCTEs(epochs, "$5::interval"),
+		"{grant}", grantPayload, "{release}", releasePayload).Replace
 	grant := func(lock, cur, locked string) string {
 		return fill(strings.NewReplacer("{lock}", lock, "{cur}", cur, "{locked}", locked).Replace(grantTemplate))
 	}

@@ -101,6 +101,7 @@ func FuzzOptions(f *testing.F) {
 			{got.heartbeatIndex(), []string{shortName(got.Table + "_heartbeat")}},
 			{got.qualifiedStrategyTable(), []string{got.Schema, got.StrategyTable}},
 			{got.qualifiedStatusView(), []string{got.Schema, shortName(got.Table + "_status")}},
+			{got.qualifiedEpochTable(), []string{got.Schema, shortName(got.Table + "_epochs")}},
 			{got.qualifiedFenceFunction(), []string{got.Schema, shortName(got.Table + "_fence")}},
 		} {
 			parts, err := unquoteIdentifier(q.quoted)
@@ -125,6 +126,7 @@ func FuzzOptions(f *testing.F) {
 			defaults.heartbeatIndex(), got.heartbeatIndex(),
 			defaults.qualifiedStrategyTable(), got.qualifiedStrategyTable(),
 			defaults.qualifiedStatusView(), got.qualifiedStatusView(),
+			defaults.qualifiedEpochTable(), got.qualifiedEpochTable(),
 			defaults.qualifiedFenceFunction(), got.qualifiedFenceFunction(),
 			fenceQuote(defaults), fenceQuote(got),
 		)
@@ -171,7 +173,7 @@ func sqlOf(o Options) []string {
 	s := newStatements(o)
 	hb := newBeatStatements(o)
 	r := newRouterStatements(o.qualifiedMessageTable())
-	a := newAdvisoryStatements(o.qualifiedAdvisoryTable(), o.qualifiedStrategyTable())
+	a := newAdvisoryStatements(o.qualifiedAdvisoryTable(), o.qualifiedStrategyTable(), o.qualifiedEpochTable())
 	script, err := migrationScript(o)
 	if err != nil {
 		script = "error: " + err.Error()

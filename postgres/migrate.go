@@ -104,6 +104,7 @@ func migrationScript(opts Options) (string, error) {
 		"{{heartbeat_index}}", opts.heartbeatIndex(),
 		"{{strategy_table}}", opts.qualifiedStrategyTable(),
 		"{{status_view}}", opts.qualifiedStatusView(),
+		"{{epoch_table}}", opts.qualifiedEpochTable(),
 		"{{fence_function}}", opts.qualifiedFenceFunction(),
 		"{{fence_quote}}", fenceQuote(opts),
 	)

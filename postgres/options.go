@@ -295,6 +295,14 @@ func (o Options) qualifiedStrategyTable() string {
 	return pgx.Identifier{o.Schema, o.StrategyTable}.Sanitize()
 }
 
+// qualifiedEpochTable returns the quoted, schema-qualified name of the
+// table of server epochs (migration 008): the lease table's name followed
+// by "_epochs", in the tables' schema, shortened like Channel when too
+// long.
+func (o Options) qualifiedEpochTable() string {
+	return pgx.Identifier{o.Schema, shortName(o.Table + "_epochs")}.Sanitize()
+}
+
 // qualifiedStatusView returns the quoted, schema-qualified name of the
 // view that shows who holds each name (migration 006): the lease table's
 // name followed by "_status", in the tables' schema, shortened like

@@ -68,28 +68,32 @@ func newStatements(opts Options) statements {
 		// row's term_floor. The last column, "mine", says whether it did:
 		// when it is false the caller claims the name (claimStrategy) and
 		// tries again. The third branch answers for a name with no row in
-		// either table.
+		// either table. "ep" and "seen" hold off every grant, a re-grant
+		// too, for a TTL after a failover, and lift its term above the
+		// earlier timelines' (see epochCTEs).
 		acquire: fmt.Sprintf(`
 WITH st AS MATERIALIZED (
 	SELECT s.term_floor FROM %[7]s AS s WHERE s.name = $1 AND s.strategy = 'lease' FOR KEY SHARE
-), killed AS (
+), %[8]s, killed AS (
 	UPDATE %[5]s AS h SET dead = true
 	FROM %[1]s AS k
 	WHERE k.name = $1 AND h.id = k.heartbeat AND h.expires_at <= clock_timestamp()
 	RETURNING h.id
 ), granted AS (
 	INSERT INTO %[1]s AS l (name, term, holder_token, holder_id, acquired_at, renewed_at, expires_at)
-	SELECT $1, st.term_floor + 1, $2, $3, c.now, c.now, c.now + $4::interval
-	FROM clock_timestamp() AS c(now), st
+	SELECT $1, greatest(st.term_floor, ep.floor) + 1, $2, $3, c.now, c.now, c.now + $4::interval
+	FROM clock_timestamp() AS c(now), st, ep
+	WHERE ep.ok
 	ON CONFLICT (name) DO UPDATE
 	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat) = (
-		SELECT greatest(l.term, st.term_floor) + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL
-		FROM clock_timestamp() AS c(now), st
+		SELECT greatest(l.term, st.term_floor, ep.floor) + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL
+		FROM clock_timestamp() AS c(now), st, ep
 	)
-	WHERE l.holder_token IS NULL
+	WHERE (SELECT ep.ok FROM ep) AND (
+		l.holder_token IS NULL
 		OR l.holder_token = excluded.holder_token
 		OR (l.heartbeat IS NULL AND l.expires_at <= clock_timestamp())
-		OR l.heartbeat IN (SELECT id FROM killed)
+		OR l.heartbeat IN (SELECT id FROM killed))
 	RETURNING l.name, l.term, l.holder_id, l.acquired_at, l.expires_at
 ), notified AS (
 	SELECT pg_notify($5, %[2]s) FROM granted
@@ -112,7 +116,8 @@ WHERE NOT EXISTS (SELECT FROM granted)
 UNION ALL
 SELECT false, 0::bigint, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, false
 WHERE NOT EXISTS (SELECT FROM st) AND NOT EXISTS (SELECT FROM %[1]s AS l WHERE l.name = $1)`,
-			table, grantPayload, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), st),
+			table, grantPayload, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), st,
+			epochCTEs(opts.qualifiedEpochTable(), "$4::interval")),
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired
