@@ -27,6 +27,7 @@ import (
 //	GRANT CONNECT ON DATABASE app TO leader_app;
 //	GRANT USAGE ON SCHEMA public TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO leader_app;
+//	GRANT SELECT, INSERT ON public.leader_leases_epochs TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO leader_app;
 //
@@ -62,6 +63,7 @@ func Example_privileges() {
 		"GRANT CONNECT ON DATABASE " + database + " TO " + r,
 		"GRANT USAGE ON SCHEMA public TO " + r,
 		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO " + r,
+		"GRANT SELECT, INSERT ON public.leader_leases_epochs TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO " + r,
 	} {

@@ -50,9 +50,9 @@ const FenceSQLState = "LF001"
 // they commit before any later leader is granted the name, or never. And
 // since they live in the lease's database, a failover that keeps the
 // committed grants (a synchronous standby) keeps them in that order; one to
-// an asynchronous standby can lose a grant and hand its term out again,
-// which no check by term can tell apart (see DESIGN.md, What is not
-// guaranteed).
+// an asynchronous standby, which can lose grants, grants nothing for a TTL
+// after the promotion and only terms above every earlier one (see Failover
+// in the package documentation), so a term is never held by two.
 //
 // While tx is open, a takeover of the lease waits for it, and so do a
 // release and a renewal that writes the lease row: the lease strategy's

@@ -48,6 +48,7 @@ func appGrants(role, database string) []string {
 		"GRANT CONNECT ON DATABASE " + db + " TO " + r,
 		"GRANT USAGE ON SCHEMA public TO " + r,
 		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO " + r,
+		"GRANT SELECT, INSERT ON public.leader_leases_epochs TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO " + r,
 	}
@@ -234,6 +235,7 @@ func TestLeastPrivilege(t *testing.T) {
 			"leader_advisory INSERT,SELECT,UPDATE",
 			"leader_heartbeats DELETE,INSERT,SELECT,UPDATE",
 			"leader_leases INSERT,SELECT,UPDATE",
+			"leader_leases_epochs INSERT,SELECT",
 			"leader_messages DELETE,INSERT,SELECT,UPDATE",
 			"leader_strategies INSERT,SELECT,UPDATE",
 		}

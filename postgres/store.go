@@ -110,6 +110,7 @@
 //	GRANT CONNECT ON DATABASE app TO leader_app;
 //	GRANT USAGE ON SCHEMA public TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO leader_app;
+//	GRANT SELECT, INSERT ON public.leader_leases_epochs TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO leader_app;
 //
@@ -260,9 +261,53 @@
 // for their own transaction (a stronger setting, such as one that waits for
 // standbys, is kept). Releases are left alone: a lost release only lets the
 // lease run out. A failover to an asynchronous replica can still lose the
-// last commits, which no client can prevent: run the election's database
-// with synchronous replication (synchronous_commit 'on' or stronger with
-// synchronous_standby_names) if it fails over to replicas.
+// last commits, which no client can prevent; see Failover for how the
+// stores stay safe then.
+//
+// # Failover
+//
+// Production PostgreSQL is often a primary with a streaming standby that
+// a manager (Patroni, pg_auto_failover, CloudNativePG, a cloud's HA)
+// promotes when the primary's host is gone. Give the stores every host,
+// and let libpq's rules pick the writable one:
+//
+//	postgres://app@db1:5432,db2:5432/app?target_session_attrs=read-write&connect_timeout=5
+//
+// A leader whose server vanished without a FIN or RST steps down by its
+// local deadline, as for any store it cannot reach; candidates reach the
+// promoted server as soon as it accepts connections (connect_timeout
+// bounds each host's attempt; TCP keepalives, or tcp_user_timeout in the
+// connection string, end dead connections of a pool sooner).
+//
+// A promoted asynchronous standby can lack the last grants, renewals and
+// releases that the old primary acknowledged: a leader granted there
+// believes it leads until its local deadline, and the new primary may not
+// know its term. So every grant statement reads the server's timeline,
+// which PostgreSQL bumps at every promotion, and records when a server of
+// the database first answered on it (the epoch table, by default
+// public.leader_leases_epochs; Migrate records the timeline it runs on).
+// On a new timeline, nothing is granted (a re-grant neither) until the
+// candidate's TTL has passed since then, and terms are above (timeline-1)
+// << 40, so above every term the old primary handed out, lost ones
+// included. What this assumes and guarantees:
+//
+//   - The old primary accepts no writes once the standby is promoted (the
+//     manager fences it, as every HA setup must). Leases it granted were
+//     granted before, and their holders' beliefs end within a TTL of
+//     their last renewal, which came before the promotion.
+//   - The wait is measured on the new primary's clock alone: any offset
+//     between the old and the new primary's clocks is covered; their
+//     rates must agree within DriftMargin, as for every lease.
+//   - Candidates of a name use one TTL (a lost grant with a longer TTL
+//     than the candidate's would outlast the wait).
+//   - Takeover after a promotion: the TTL, plus a follower's next attempt
+//     (RetryInterval) and a round trip; 3.1 s at a 3 s TTL in the tests.
+//   - With a synchronous standby nothing is lost, and the same wait is
+//     made (a timeline change cannot tell the two apart).
+//
+// The privileges: SELECT and INSERT on the epoch table (see Privileges);
+// the timeline is read with pg_walfile_name(pg_current_wal_lsn()), which
+// every role may call.
 //
 // # The clock
 //

@@ -52,6 +52,7 @@ func TestPasswordsNeverShowOnAServerThatChecksThem(t *testing.T) {
 			"GRANT CONNECT ON DATABASE " + pgx.Identifier{pool.Config().ConnConfig.Database}.Sanitize() + " TO " + r,
 			"GRANT USAGE ON SCHEMA public TO " + r,
 			"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO " + r,
+			"GRANT SELECT, INSERT ON public.leader_leases_epochs TO " + r,
 			"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO " + r,
 			"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO " + r,
 		} {
