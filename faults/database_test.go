@@ -178,15 +178,7 @@ func runDatabaseScenario(t *testing.T, f databaseFault, strategy string, trials 
 		t.Fatal(err)
 	}
 	s.database = cfg.Database
-	migrating, err := pgxpool.New(context.Background(), s.connString)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = postgres.Migrate(callCtx(t), migrating, postgres.Options{})
-	migrating.Close()
-	if err != nil {
-		t.Fatalf("Migrate: %v", err)
-	}
+	migrate(t, s.connString)
 	// The register is not on the faulty server: a restart must not lose
 	// its writes, nor a read-only server refuse them, since it stands for
 	// a resource elsewhere that the leader's work writes to.
@@ -243,6 +235,28 @@ func runDatabaseScenario(t *testing.T, f databaseFault, strategy string, trials 
 		term = nextTerm
 	}
 
+	s.stop(t)
+	return s.check(t, dir, trials, takenTerms, maxDatabaseTakeover+maxOutage)
+}
+
+// migrate creates the stores' tables in connString's database.
+func migrate(t *testing.T, connString string) {
+	t.Helper()
+	migrating, err := pgxpool.New(context.Background(), connString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = postgres.Migrate(callCtx(t), migrating, postgres.Options{})
+	migrating.Close()
+	if err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+}
+
+// stop stops every candidate's Elector, at once, and closes its history
+// recorder.
+func (s *databaseScenario) stop(t *testing.T) {
+	t.Helper()
 	var wg sync.WaitGroup
 	for _, c := range s.cands {
 		wg.Go(c.stop)
@@ -253,7 +267,6 @@ func runDatabaseScenario(t *testing.T, f databaseFault, strategy string, trials 
 			t.Fatalf("%s: %v", c.id, err)
 		}
 	}
-	return s.check(t, dir, trials, takenTerms, maxDatabaseTakeover+maxOutage)
 }
 
 // check checks the histories of beliefs and of the register, and returns the
