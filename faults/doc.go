@@ -148,6 +148,33 @@
 // that happened are counted in the table; its trials count every fault
 // injected.
 //
+// # Promotion
+//
+// TestPromotionFault fails the election's database over to a streaming
+// standby that missed the last handover, on both strategies. A trial needs
+// a cluster of its own (pgtest.NewReplicatedCluster: a primary and an
+// asynchronous standby, the old primary gone after the promotion), so each
+// trial starts one, with three Electors that reach the primary through a
+// proxy (PrimaryProxied), a fresh history directory and a fresh fenced
+// register, on the shared cluster as for the database faults. Once a leader
+// has written three times and the standby has replayed its grant,
+// replication is cut for a TTL, so that the standby's copy of that lease
+// runs out; the leader resigns and another is elected on the primary
+// alone, a term the standby never hears of. A random 0 to 700 ms after that
+// leader has written three times, the primary's host vanishes (no FIN, no
+// RST) and the standby is promoted; a fourth Elector, which first connects
+// then, to the promoted server, must take over with a greater term (the
+// promoted server grants nothing until a TTL after it first answered on
+// its new timeline, and its terms are above (timeline-1)<<40: see the
+// Failover section of package postgres), and write, within 2 TTL of the
+// end of the promotion (the TTL, a follower's next attempt, slack); a
+// write with the old leader's term must then be refused. history.Check
+// must find no overlap (the old leader believes until its local deadline,
+// on a server the new one cannot see), no term regression, and no takeover
+// slower than the outage (from the vanishing to the end of the promotion)
+// plus 2 TTL; the register's history must be linearizable with no stale
+// write accepted.
+//
 // # Wall clock
 //
 // The library reads the wall clock only through internal/wallclock, for
@@ -173,9 +200,9 @@
 //
 // Soak mode runs the scenarios over and over, for as long as the environment
 // variable LEADER_SOAK (a Go duration) says, then prints a markdown table of
-// the totals to standard output. Each of the four tests loops until the
+// the totals to standard output. Each of the five tests loops until the
 // soak ends, counted from when it starts: give go test a -parallel of at
-// least 4 so that they all start at once, a -timeout longer than the soak
+// least 5 so that they all start at once, a -timeout longer than the soak
 // plus a round, and -v (go test shows a passing package's output only with
 // -v):
 //
