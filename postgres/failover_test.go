@@ -111,21 +111,10 @@ func promotion(t *testing.T, strategy Strategy, sync bool) promotionResult {
 	}
 	c.WaitReplayed(t)
 	h := electortest.NewHistory()
-	storeOn := func(pool *pgxpool.Pool) leader.Store {
-		if strategy == StrategyLease {
-			s, err := NewLeaseStore(pool, Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(s.Close)
-			return s
-		}
-		return setupAdvisory(t, pool, Options{})
-	}
 	elector := func(id string, pool *pgxpool.Pool) (*leader.Elector, func()) {
 		cfg := leader.Config{Name: "promoted", ID: id, TTL: ttl, Logger: slog.New(slog.DiscardHandler)}
 		cfg.OnElected, cfg.OnDemoted = h.Hooks(t, id)
-		e, err := leader.New(storeOn(pool), cfg)
+		e, err := leader.New(storeFor(t, strategy, pool), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

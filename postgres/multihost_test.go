@@ -69,17 +69,7 @@ func TestLeaderStepsDownWhenItsServerVanishes(t *testing.T) {
 			if err := Migrate(callCtx(t), pool, Options{}); err != nil {
 				t.Fatal(err)
 			}
-			var store leader.Store
-			if strategy == StrategyLease {
-				s, err := NewLeaseStore(pool, Options{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(s.Close)
-				store = s
-			} else {
-				store = setupAdvisory(t, pool, Options{})
-			}
+			store := storeFor(t, strategy, pool)
 			const ttl = 3 * time.Second
 			e, err := leader.New(store, leader.Config{Name: "vanish", TTL: ttl, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {

@@ -40,17 +40,7 @@ func TestStarvedPoolKeepsLeadership(t *testing.T) {
 			if err := Migrate(callCtx(t), pool, Options{}); err != nil {
 				t.Fatal(err)
 			}
-			var store leader.Store
-			if strategy == StrategyLease {
-				s, err := NewLeaseStore(pool, Options{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(s.Close)
-				store = s
-			} else {
-				store = setupAdvisory(t, pool, Options{})
-			}
+			store := storeFor(t, strategy, pool)
 			var (
 				mu     sync.Mutex
 				losses []leader.LossReason

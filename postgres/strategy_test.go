@@ -31,6 +31,21 @@ func storeOf(s Strategy, lease *LeaseStore, advisory *AdvisoryStore) leader.Stor
 	return advisory
 }
 
+// storeFor returns a store of strategy on pool (migrated), closed when t
+// ends.
+func storeFor(t *testing.T, strategy Strategy, pool *pgxpool.Pool) leader.Store {
+	t.Helper()
+	if strategy == StrategyLease {
+		s, err := NewLeaseStore(pool, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	return setupAdvisory(t, pool, Options{})
+}
+
 // wantConflict checks that err is a refusal of a want candidate because
 // the other strategy uses name (held now if held), naming the name and
 // both strategies, and wrapping leader.ErrPermanent.
