@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"time"
@@ -22,6 +23,10 @@ const (
 	MaxTTL = 24 * time.Hour
 	// MaxNameLen is the longest Config.Name, and Config.ID, in bytes.
 	MaxNameLen = 200
+	// MinPriority and MaxPriority bound Config.Priority (a 32-bit
+	// integer, as stores keep it).
+	MinPriority = math.MinInt32
+	MaxPriority = math.MaxInt32
 )
 
 // Config configures an Elector. Only Name is required; every other zero field
@@ -116,6 +121,22 @@ type Config struct {
 	// skipped and the next call reports the latest. Optional.
 	OnNewLeader func(Status)
 
+	// Priority ranks this instance as a successor. When the leader's
+	// store implements Transferer (every store of this module does), a
+	// candidate whose Priority is above the leader's asks it to hand
+	// over, and the leader does once it has led for MinTenure, to the
+	// candidate with the highest Priority; Elector.Transfer and
+	// RequestTransfer without a candidate ID pick that one too. Equal
+	// priorities never move leadership, so there is no loop between
+	// equals. Use it to prefer a zone, or the newest release in a rolling
+	// deploy. Default 0; between MinPriority and MaxPriority.
+	Priority int
+	// MinTenure is how long a leader leads before it hands over to a
+	// candidate with a higher Priority, so that a stream of such
+	// candidates cannot keep leadership moving. Transfers asked for
+	// (Elector.Transfer, RequestTransfer) do not wait for it. Default
+	// TTL; at least 0 and at most MaxTTL.
+	MinTenure time.Duration
 	// Logger receives the Elector's logs. Default slog.Default().
 	Logger *slog.Logger
 
@@ -166,6 +187,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StopGrace == 0 {
 		c.StopGrace = c.TTL / 5
+	}
+	if c.MinTenure == 0 {
+		c.MinTenure = c.TTL
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -220,6 +244,15 @@ func (c Config) validate() error {
 	if limit := c.TTL - 2*c.RenewInterval - c.DriftMargin; c.StopGrace > limit {
 		return bad("StopGrace", c.StopGrace,
 			"must be at most TTL - 2*RenewInterval - DriftMargin (%v), so that two renewals are tried before giving up", limit)
+	}
+	if c.Priority < MinPriority || c.Priority > MaxPriority {
+		return bad("Priority", c.Priority, "must be between %d and %d", MinPriority, MaxPriority)
+	}
+	if c.MinTenure < 0 {
+		return bad("MinTenure", c.MinTenure, "must not be negative")
+	}
+	if c.MinTenure > MaxTTL {
+		return bad("MinTenure", c.MinTenure, "must be at most %v", MaxTTL)
 	}
 	return nil
 }

@@ -57,6 +57,16 @@ type Status struct {
 	// see ErrPermanent); "" otherwise, and again after the next store call
 	// that succeeds. leaderhttp's /healthz reports it.
 	Problem string `json:"problem,omitempty"`
+	// Reason says why the observed leader was granted the lease: how
+	// leadership last moved (see GrantReason). Empty for a first grant,
+	// and where the store does not record it.
+	Reason GrantReason `json:"reason,omitempty"`
+	// Transfer is a pending request that the observed leader hand over,
+	// as last observed (see RequestTransfer); zero when there is none.
+	Transfer TransferRequest `json:"transfer,omitzero"`
+	// Successor is the candidate ID that a lease handed over is reserved
+	// for until it takes it; "" otherwise.
+	Successor string `json:"successor,omitempty"`
 }
 
 // Elector campaigns for one name on a Store, leads while it holds the lease,
@@ -71,7 +81,8 @@ type Elector struct {
 	cand  Candidate
 	log   *slog.Logger
 
-	resignCh chan resignRequest // Resign -> lead loop
+	resignCh   chan resignRequest // Resign -> lead loop
+	transferCh chan transferCall  // Transfer -> lead loop
 	pubCh    chan Status        // latest status for OnNewLeader, capacity 1
 
 	mu        sync.Mutex
@@ -110,10 +121,11 @@ func New(store Store, cfg Config) (*Elector, error) {
 	e := &Elector{
 		cfg:      cfg,
 		store:    store,
-		cand:     Candidate{ID: cfg.ID, Token: token},
+		cand:     Candidate{ID: cfg.ID, Token: token, Priority: cfg.Priority},
 		log:      cfg.Logger.With(slog.String("election", cfg.Name), slog.String("id", cfg.ID)),
-		resignCh: make(chan resignRequest),
-		pubCh:    make(chan Status, 1),
+		resignCh:   make(chan resignRequest),
+		transferCh: make(chan transferCall),
+		pubCh:      make(chan Status, 1),
 	}
 	e.status = Status{Name: cfg.Name, ID: cfg.ID}
 	return e, nil
@@ -269,6 +281,11 @@ func (e *Elector) Run(ctx context.Context) error {
 		wake = nil
 	}
 
+	if ts, ok := e.store.(Transferer); ok {
+		// Leave the candidates at the end, so that nobody picks this
+		// instance as a successor any longer.
+		defer e.withdraw(ctx, ts)
+	}
 	e.log.Info("campaigning", slog.Duration("ttl", e.cfg.TTL), slog.Duration("renew_interval", e.cfg.RenewInterval))
 	var notBefore time.Time
 	for {
@@ -296,6 +313,9 @@ func (e *Elector) observe(l Lease) {
 	e.status.Term = l.Term
 	e.status.AcquiredAt = l.AcquiredAt
 	e.status.ExpiresAt = l.ExpiresAt
+	e.status.Reason = l.Reason
+	e.status.Transfer = l.Transfer
+	e.status.Successor = l.Successor
 	if !l.Held() {
 		e.status.Leader = ""
 	}

@@ -27,10 +27,25 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 	defer timer.Stop()
 	failures := 0
 	var readOnlySince time.Time // the first of an unbroken run of ErrReadOnly, before any contact
+	// On a store that can hand leases over, a follower is among the
+	// candidates (enlisted again every TTL), so that a leader can pick it
+	// as its successor.
+	ts, _ := e.store.(Transferer)
+	var enlist *time.Timer
+	var enlistC <-chan time.Time // nil unless ts is
+	if ts != nil {
+		enlist = time.NewTimer(0)
+		defer enlist.Stop()
+		enlistC = enlist.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return Lease{}, time.Time{}, errStopped
+		case <-enlistC:
+			e.enlist(ctx, ts)
+			enlist.Reset(e.cfg.TTL)
+			continue
 		case _, open := <-*wake:
 			if !open {
 				*wake = nil
@@ -105,9 +120,18 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 			}
 			failures = 0
 			e.observe(lease)
-			if lease.Held() {
+			switch {
+			case lease.Held():
 				wait = lease.Remaining + e.expiryLag() + e.jitter()
-			} else {
+				if ts != nil {
+					e.askToYield(ctx, ts, lease)
+				}
+			case lease.Reserved > 0:
+				// Handed over to another candidate, which takes it
+				// at once; if it does not, it is free once the
+				// reservation has run out.
+				wait = lease.Reserved + e.expiryLag() + e.jitter()
+			default:
 				wait = e.cfg.RetryInterval + e.jitter() // lost a race for a free lease
 			}
 		}

@@ -17,6 +17,9 @@ type tenure struct {
 	cancel  context.CancelCauseFunc
 	stopped chan struct{} // closed once the stop point has ended leadership
 	failed  chan error    // capacity 1: a renewal outcome that ends the tenure
+	// requested, capacity 1, receives the requests to hand over that
+	// renewals report (see Transferer).
+	requested chan TransferRequest
 	timer   *time.Timer   // fires at the stop point
 
 	mu       sync.Mutex
@@ -76,9 +79,16 @@ func (t *tenure) extend(sent, contact time.Time, l Lease) {
 	if e.leaderCtx == t.lctx {
 		e.status.ExpiresAt = l.ExpiresAt
 		e.status.StopAt = t.stopAt
+		e.status.Transfer = l.Transfer
 	}
 	e.mu.Unlock()
 	t.mu.Unlock()
+	if l.Transfer.Pending() {
+		select {
+		case t.requested <- l.Transfer:
+		default: // the loop has one to consider already
+		}
+	}
 	if recovered {
 		e.log.Info("renewed again after failures", slog.Uint64("term", t.term))
 	}
@@ -119,6 +129,8 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 		stopped: make(chan struct{}),
 		failed:  make(chan error, 1),
 		next:    nextRenewal(sent, e.cfg.RenewInterval),
+
+		requested: make(chan TransferRequest, 1),
 	}
 	t.deadline = sent.Add(e.cfg.TTL - e.cfg.DriftMargin)
 	t.stopAt = t.deadline.Add(-e.cfg.StopGrace)
@@ -133,6 +145,9 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 	e.status.AcquiredAt = lease.AcquiredAt
 	e.status.ExpiresAt = lease.ExpiresAt
 	e.status.StopAt = t.stopAt
+	e.status.Reason = lease.Reason
+	e.status.Transfer = lease.Transfer
+	e.status.Successor = ""
 	e.leaderCtx = lctx
 	e.mu.Unlock()
 	// At the stop point leadership ends on the timer's own goroutine; the
@@ -165,8 +180,15 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 		}
 	}
 	e.cfg.Metrics.Acquired(e.cfg.Name, term)
+	if gm, ok := e.cfg.Metrics.(GrantMetrics); ok {
+		gm.Granted(e.cfg.Name, term, lease.Reason)
+	}
 	e.cfg.Metrics.StatusChanged(e.cfg.Name, true)
-	e.log.Info("elected", slog.Uint64("term", term), slog.Time("expires_at", lease.ExpiresAt))
+	e.log.Info("elected", slog.Uint64("term", term), slog.Time("expires_at", lease.ExpiresAt), slog.String("reason", string(lease.Reason)))
+	ts, _ := e.store.(Transferer)
+	if lease.Transfer.Pending() {
+		t.requested <- lease.Transfer
+	}
 	e.publish()
 
 	electedDone := make(chan struct{})
@@ -181,6 +203,7 @@ func (e *Elector) lead(ctx context.Context, lease Lease, sent time.Time) LossRea
 		reason   LossReason
 		resigned chan error // Resign's; answered once OnDemoted has returned
 		released bool       // the store freed the lease itself: nothing to release
+		handover *handoff   // to a successor, instead of a release
 	)
 	// stop ends leadership at once, then lets the loop log why.
 	stop := func(r LossReason) LossReason {
@@ -201,6 +224,26 @@ loop:
 			}
 			reason, resigned = stop(LossResigned), req.done
 			break loop
+		case call := <-e.transferCh:
+			if call.leader != lctx || ts == nil {
+				call.done <- transferOutcome{err: ErrNotLeader}
+				continue
+			}
+			to, err := e.successor(ctx, ts, call.to, nil)
+			if err != nil {
+				call.done <- transferOutcome{err: err}
+				continue
+			}
+			reason, handover = stop(LossTransferred), &handoff{to: to, reason: GrantTransfer, call: &call}
+			break loop
+		case req := <-t.requested:
+			if ts == nil {
+				continue
+			}
+			if h := e.consider(ctx, ts, t, req, sent); h != nil {
+				reason, handover = stop(LossTransferred), h
+				break loop
+			}
 		case <-lost:
 			reason, released = LossConnLost, true
 			e.log.Error("the store reports the lease lost (for example its session with the server ended); stepped down",
@@ -279,7 +322,14 @@ loop:
 
 	switch {
 	case !releasing:
+		if handover != nil && handover.call != nil {
+			handover.call.done <- transferOutcome{err: fmt.Errorf("leader: transfer %q: leadership ended (%s) before the handover: %w", e.cfg.Name, reason, ErrNotLeader)}
+		}
 		e.observe(Lease{Name: e.cfg.Name})
+	case handover != nil:
+		if e.releaseTo(ctx, ts, term, handover) {
+			e.observe(Lease{Name: e.cfg.Name, Term: term, Successor: handover.to.ID, Reserved: e.cfg.TTL})
+		}
 	default:
 		if e.release(ctx, term) {
 			e.observe(Lease{Name: e.cfg.Name, Term: term})

@@ -21,6 +21,10 @@ const (
 	// LossError: the store refused renewals with another error, for example
 	// because it became read-only.
 	LossError LossReason = "error"
+	// LossTransferred: this instance handed the lease over to a chosen
+	// successor (Elector.Transfer, a request from RequestTransfer, or a
+	// candidate with a higher Config.Priority).
+	LossTransferred LossReason = "transferred"
 )
 
 // Metrics receives what an Elector does, for counters and gauges. Methods are
@@ -38,6 +42,14 @@ type Metrics interface {
 	// StoreCall is called after each store call: op is "acquire", "renew",
 	// "release" or "observe"; err is the call's error, if any.
 	StoreCall(name, op string, took time.Duration, err error)
+}
+
+// GrantMetrics is implemented by a Metrics that counts grants by why they
+// were made. The Elector calls Granted, where the Metrics implements it,
+// right after Acquired, with the Lease.Reason its store reported (empty
+// for a first grant, or a store that does not record reasons).
+type GrantMetrics interface {
+	Granted(name string, term uint64, reason GrantReason)
 }
 
 // NopMetrics implements Metrics and does nothing.

@@ -13,9 +13,14 @@ import (
 // Elector (see [New]); a Store decides who holds a lease by comparing tokens,
 // never IDs, so two instances started with the same ID can never both hold or
 // renew one lease (DESIGN.md invariant 3).
+//
+// Priority is the candidate's Config.Priority. A store records it with
+// each grant (Lease.Priority) and in Transferer.Enlist; stores that do not
+// implement Transferer may ignore it.
 type Candidate struct {
-	ID    string
-	Token string
+	ID       string
+	Token    string
+	Priority int
 }
 
 // Lease is what a Store reports about one name at the moment it answered.
@@ -41,6 +46,24 @@ type Lease struct {
 	// Remaining is ExpiresAt minus the store's "now" when it answered; zero
 	// when the lease is free.
 	Remaining time.Duration
+
+	// The fields below are reported by stores that implement Transferer;
+	// others leave them zero.
+
+	// Priority is the holder's Candidate.Priority, as granted.
+	Priority int
+	// Reason says why the current (or last) holder was granted the lease:
+	// see GrantReason.
+	Reason GrantReason
+	// Transfer is the pending request that the holder hand over (see
+	// Transferer.RequestTransfer); its Remaining is zero when there is
+	// none.
+	Transfer TransferRequest
+	// Successor is the candidate ID that a free lease is reserved for
+	// after a handover (see Transferer.ReleaseTo), for Reserved more;
+	// "" and zero when it is not reserved.
+	Successor string
+	Reserved  time.Duration
 }
 
 // Held reports whether the lease had a holder when the store answered.

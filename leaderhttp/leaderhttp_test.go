@@ -123,8 +123,10 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// unreachableStore fails every call, as a store behind a broken network does.
-type unreachableStore struct{ *leadertest.MemStore }
+// unreachableStore fails every call, as a store behind a broken network does
+// (it embeds the interface, so none of the MemStore's optional interfaces
+// answers either).
+type unreachableStore struct{ leader.Store }
 
 func (unreachableStore) Acquire(context.Context, string, leader.Candidate, time.Duration) (leader.Lease, bool, error) {
 	return leader.Lease{}, false, fmt.Errorf("dial: connection refused: %w", leader.ErrUnavailable)
@@ -152,6 +154,13 @@ func (s *misconfiguredStore) Renew(ctx context.Context, name, token string, term
 		return leader.Lease{}, errRevoked
 	}
 	return s.MemStore.Renew(ctx, name, token, term, ttl)
+}
+
+func (s *misconfiguredStore) Enlist(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) error {
+	if s.broken.Load() {
+		return errRevoked
+	}
+	return s.MemStore.Enlist(ctx, name, c, ttl)
 }
 
 func (s *misconfiguredStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {

@@ -16,9 +16,14 @@
 //	leader_term{election}                            gauge: fencing term of this instance's latest grant
 //	leader_transitions_total{election,transition}    counter: transition is "acquired" or "lost"
 //	leader_losses_total{election,reason}             counter: leaderships lost, by leader.LossReason:
-//	                                                 shutdown, resigned, expired, conn_lost or error
+//	                                                 shutdown, resigned, expired, conn_lost, error
+//	                                                 or transferred
+//	leader_grants_total{election,reason}             counter: leaderships won, by how leadership
+//	                                                 moved (leader.GrantReason): first, release,
+//	                                                 expiry, transfer or priority
 //	leader_store_call_duration_seconds{election,op}  histogram: store call latency; op is
-//	                                                 acquire, renew, release or observe
+//	                                                 acquire, renew, release, observe, enlist,
+//	                                                 withdraw, candidates or request_transfer
 //	leader_store_call_errors_total{election,op}      counter: store calls that returned an error
 //
 // The series of an election appear, at zero, on the first call that names it,
@@ -58,10 +63,22 @@ const (
 // The reasons and ops known in advance, whose series are created at zero.
 var (
 	knownReasons = []leader.LossReason{
-		leader.LossShutdown, leader.LossResigned, leader.LossExpired, leader.LossConnLost, leader.LossError,
+		leader.LossShutdown, leader.LossResigned, leader.LossExpired, leader.LossConnLost, leader.LossError, leader.LossTransferred,
+	}
+	knownGrants = []string{
+		grantLabel(leader.GrantFirst), string(leader.GrantRelease), string(leader.GrantExpiry), string(leader.GrantTransfer), string(leader.GrantPriority),
 	}
 	knownOps = []string{"acquire", "renew", "release", "observe"}
 )
+
+// grantLabel is the reason label of a grant: "first" for GrantFirst, whose
+// value is empty.
+func grantLabel(r leader.GrantReason) string {
+	if r == leader.GrantFirst {
+		return "first"
+	}
+	return string(r)
+}
 
 // DefaultNamespace prefixes every metric name unless WithNamespace says
 // otherwise.
@@ -115,13 +132,17 @@ type Metrics struct {
 	term          *prometheus.GaugeVec
 	transitions   *prometheus.CounterVec
 	losses        *prometheus.CounterVec
+	grants        *prometheus.CounterVec
 	storeDuration *prometheus.HistogramVec
 	storeErrors   *prometheus.CounterVec
 
 	seen sync.Map // election name -> struct{}: series created at zero
 }
 
-var _ leader.Metrics = (*Metrics)(nil)
+var (
+	_ leader.Metrics      = (*Metrics)(nil)
+	_ leader.GrantMetrics = (*Metrics)(nil)
+)
 
 // New returns a Metrics registered on reg. It returns an error, and
 // registers nothing, if reg is nil or refuses the metrics, for example
@@ -151,7 +172,11 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 		}, []string{labelElection, labelTransition}),
 		losses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: o.namespace, Name: "losses_total", ConstLabels: o.constLabels,
-			Help: "Leaderships this instance lost, by reason: shutdown, resigned, expired, conn_lost or error.",
+			Help: "Leaderships this instance lost, by reason: shutdown, resigned, expired, conn_lost, error or transferred.",
+		}, []string{labelElection, labelReason}),
+		grants: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: o.namespace, Name: "grants_total", ConstLabels: o.constLabels,
+			Help: "Leaderships this instance won, by how leadership moved: first, release, expiry, transfer or priority.",
 		}, []string{labelElection, labelReason}),
 		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: o.namespace, Name: "store_call_duration_seconds", ConstLabels: o.constLabels,
@@ -163,7 +188,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 			Help: "Calls to the store that returned an error, by op: acquire, renew, release or observe.",
 		}, []string{labelElection, labelOp}),
 	}
-	// One collector for all six, so that registration succeeds or fails
+	// One collector for all seven, so that registration succeeds or fails
 	// as a whole and a refused New leaves nothing behind on reg.
 	if err := reg.Register(collector{m}); err != nil {
 		return nil, fmt.Errorf("leaderprom: registering metrics with namespace %q (is another leaderprom.Metrics with this namespace on the registry?): %w", o.namespace, err)
@@ -197,6 +222,13 @@ func (m *Metrics) Lost(name string, reason leader.LossReason) {
 	m.losses.WithLabelValues(name, string(reason)).Inc()
 }
 
+// Granted implements leader.GrantMetrics: it counts the grant under its
+// reason.
+func (m *Metrics) Granted(name string, _ uint64, reason leader.GrantReason) {
+	m.init(name)
+	m.grants.WithLabelValues(name, grantLabel(reason)).Inc()
+}
+
 // StoreCall implements leader.Metrics: it observes the call's duration and
 // counts it as an error if err is not nil.
 func (m *Metrics) StoreCall(name, op string, took time.Duration, err error) {
@@ -222,6 +254,9 @@ func (m *Metrics) init(name string) {
 	for _, r := range knownReasons {
 		m.losses.WithLabelValues(name, string(r))
 	}
+	for _, r := range knownGrants {
+		m.grants.WithLabelValues(name, r)
+	}
 	for _, op := range knownOps {
 		m.storeErrors.WithLabelValues(name, op)
 	}
@@ -235,6 +270,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	c.m.term.Describe(ch)
 	c.m.transitions.Describe(ch)
 	c.m.losses.Describe(ch)
+	c.m.grants.Describe(ch)
 	c.m.storeDuration.Describe(ch)
 	c.m.storeErrors.Describe(ch)
 }
@@ -244,6 +280,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	c.m.term.Collect(ch)
 	c.m.transitions.Collect(ch)
 	c.m.losses.Collect(ch)
+	c.m.grants.Collect(ch)
 	c.m.storeDuration.Collect(ch)
 	c.m.storeErrors.Collect(ch)
 }

@@ -102,6 +102,7 @@ func TestMethods(t *testing.T) {
 		t.Parallel()
 		m, reg := setup(t)
 		m.Acquired("jobs", 7)
+		m.Granted("jobs", 7, leader.GrantTransfer)
 		m.StatusChanged("jobs", true)
 		if got := value(t, reg, "leader_is_leader", el("jobs")); got != 1 {
 			t.Errorf("leader_is_leader while leading = %v, want 1", got)
@@ -120,16 +121,24 @@ leader_term{election="jobs"} 7
 # TYPE leader_transitions_total counter
 leader_transitions_total{election="jobs",transition="acquired"} 1
 leader_transitions_total{election="jobs",transition="lost"} 1
-# HELP leader_losses_total Leaderships this instance lost, by reason: shutdown, resigned, expired, conn_lost or error.
+# HELP leader_losses_total Leaderships this instance lost, by reason: shutdown, resigned, expired, conn_lost, error or transferred.
 # TYPE leader_losses_total counter
 leader_losses_total{election="jobs",reason="conn_lost"} 0
 leader_losses_total{election="jobs",reason="error"} 0
 leader_losses_total{election="jobs",reason="expired"} 1
 leader_losses_total{election="jobs",reason="resigned"} 0
 leader_losses_total{election="jobs",reason="shutdown"} 0
+leader_losses_total{election="jobs",reason="transferred"} 0
+# HELP leader_grants_total Leaderships this instance won, by how leadership moved: first, release, expiry, transfer or priority.
+# TYPE leader_grants_total counter
+leader_grants_total{election="jobs",reason="expiry"} 0
+leader_grants_total{election="jobs",reason="first"} 0
+leader_grants_total{election="jobs",reason="priority"} 0
+leader_grants_total{election="jobs",reason="release"} 0
+leader_grants_total{election="jobs",reason="transfer"} 1
 `
 		if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
-			"leader_is_leader", "leader_term", "leader_transitions_total", "leader_losses_total"); err != nil {
+			"leader_is_leader", "leader_term", "leader_transitions_total", "leader_losses_total", "leader_grants_total"); err != nil {
 			t.Error(err)
 		}
 	})

@@ -41,7 +41,10 @@ import (
 // A store that implements leader.FreeWatcher (the suite asks the first
 // store newStore returns) must also pass the WatchFree subtests, and one
 // that implements leader.BatchRenewer the RenewBatch subtests, which also
-// run the Renew subtests again with each renewal made by RenewBatch.
+// run the Renew subtests again with each renewal made by RenewBatch, and
+// one that implements leader.Transferer the transfer subtests: handovers
+// to a named successor and to a gone one, concurrent requests, and a
+// handover that races the lease's expiry.
 func TestStore(t *testing.T, newStore func(t *testing.T) leader.Store) {
 	t.Helper()
 	cases := conformanceCases
@@ -51,6 +54,9 @@ func TestStore(t *testing.T, newStore func(t *testing.T) leader.Store) {
 	}
 	if _, ok := first.(leader.BatchRenewer); ok {
 		cases = append(slices.Clip(cases), batchRenewerCases()...)
+	}
+	if _, ok := first.(leader.Transferer); ok {
+		cases = append(slices.Clip(cases), transfererCases...)
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -187,6 +187,7 @@ func checkNeverGranted(t *testing.T, s leader.Store, name string) {
 }
 
 func fmtLease(l leader.Lease) string {
-	return fmt.Sprintf("Lease{Name:%q HolderID:%q Term:%d Remaining:%v AcquiredAt:%v ExpiresAt:%v}",
-		l.Name, l.HolderID, l.Term, l.Remaining, l.AcquiredAt.Format(time.RFC3339Nano), l.ExpiresAt.Format(time.RFC3339Nano))
+	return fmt.Sprintf("Lease{Name:%q HolderID:%q Term:%d Remaining:%v AcquiredAt:%v ExpiresAt:%v Priority:%d Reason:%q Transfer:%+v Successor:%q Reserved:%v}",
+		l.Name, l.HolderID, l.Term, l.Remaining, l.AcquiredAt.Format(time.RFC3339Nano), l.ExpiresAt.Format(time.RFC3339Nano),
+		l.Priority, l.Reason, l.Transfer, l.Successor, l.Reserved)
 }

@@ -14,9 +14,10 @@ import (
 // judges expiry on the process's monotonic clock. The zero value is not
 // usable; create one with NewMemStore.
 type MemStore struct {
-	mu       sync.Mutex
-	leases   map[string]*memLease
-	watchers map[string]map[chan struct{}]bool // channel → releases only
+	mu         sync.Mutex
+	leases     map[string]*memLease
+	watchers   map[string]map[chan struct{}]bool // channel → releases only
+	candidates map[string]map[string]memCandidate // name → token → entry
 }
 
 type memLease struct {
@@ -25,19 +26,37 @@ type memLease struct {
 	term       uint64
 	acquiredAt time.Time
 	expiresAt  time.Time
+	priority   int
+	reason     leader.GrantReason // of the last grant
+
+	// A pending request that the holder hand over, until requestUntil.
+	request      leader.TransferRequest // Remaining unused
+	requestUntil time.Time
+
+	// A released lease reserved for successor until reservedUntil.
+	successor     leader.Candidate
+	successorWhy  leader.GrantReason
+	reservedUntil time.Time
+}
+
+type memCandidate struct {
+	c     leader.Candidate
+	until time.Time
 }
 
 var (
 	_ leader.Store        = (*MemStore)(nil)
 	_ leader.FreeWatcher  = (*MemStore)(nil)
 	_ leader.BatchRenewer = (*MemStore)(nil)
+	_ leader.Transferer   = (*MemStore)(nil)
 )
 
 // NewMemStore returns an empty MemStore.
 func NewMemStore() *MemStore {
 	return &MemStore{
-		leases:   make(map[string]*memLease),
-		watchers: make(map[string]map[chan struct{}]bool),
+		leases:     make(map[string]*memLease),
+		watchers:   make(map[string]map[chan struct{}]bool),
+		candidates: make(map[string]map[string]memCandidate),
 	}
 }
 
@@ -56,13 +75,36 @@ func (l *memLease) heldBy(token string, term uint64, now time.Time) bool {
 	return l.token != "" && l.token == token && l.term == term && now.Before(l.expiresAt)
 }
 
+// held reports whether l is held, unexpired at now.
+func (l *memLease) held(now time.Time) bool {
+	return l.token != "" && now.Before(l.expiresAt)
+}
+
+// reservedFor returns the token a released lease is reserved for at now,
+// or "".
+func (l *memLease) reservedFor(now time.Time) string {
+	if l.held(now) || !now.Before(l.reservedUntil) {
+		return ""
+	}
+	return l.successor.Token
+}
+
 func (l *memLease) report(name string, now time.Time) leader.Lease {
-	out := leader.Lease{Name: name, Term: l.term}
-	if l.token != "" && now.Before(l.expiresAt) {
+	out := leader.Lease{Name: name, Term: l.term, Reason: l.reason}
+	if l.held(now) {
 		out.HolderID = l.holderID
 		out.AcquiredAt = l.acquiredAt
 		out.ExpiresAt = l.expiresAt
 		out.Remaining = l.expiresAt.Sub(now)
+		out.Priority = l.priority
+		if now.Before(l.requestUntil) {
+			out.Transfer = l.request
+			out.Transfer.Remaining = l.requestUntil.Sub(now)
+		}
+	}
+	if l.reservedFor(now) != "" {
+		out.Successor = l.successor.ID
+		out.Reserved = l.reservedUntil.Sub(now)
 	}
 	return out
 }
@@ -76,10 +118,25 @@ func (s *MemStore) Acquire(ctx context.Context, name string, c leader.Candidate,
 	defer s.mu.Unlock()
 	now := time.Now()
 	l := s.lease(name)
-	if l.token != "" && now.Before(l.expiresAt) && l.token != c.Token {
+	if l.held(now) && l.token != c.Token {
 		return l.report(name, now), false, nil
 	}
-	*l = memLease{holderID: c.ID, token: c.Token, term: l.term + 1, acquiredAt: now, expiresAt: now.Add(ttl)}
+	reserved := l.reservedFor(now)
+	if reserved != "" && reserved != c.Token {
+		return l.report(name, now), false, nil
+	}
+	var why leader.GrantReason
+	switch {
+	case l.held(now) || l.term == 0:
+		why = leader.GrantFirst
+	case reserved != "":
+		why = l.successorWhy
+	case l.token == "":
+		why = leader.GrantRelease
+	default:
+		why = leader.GrantExpiry
+	}
+	*l = memLease{holderID: c.ID, token: c.Token, term: l.term + 1, acquiredAt: now, expiresAt: now.Add(ttl), priority: c.Priority, reason: why}
 	s.wakeLocked(name, true)
 	return l.report(name, now), true, nil
 }
@@ -120,9 +177,87 @@ func (s *MemStore) Release(ctx context.Context, name, token string, term uint64)
 	if !ok || !l.heldBy(token, term, time.Now()) {
 		return fmt.Errorf("memstore: release %q term %d: %w", name, term, leader.ErrLeaseLost)
 	}
-	*l = memLease{term: l.term}
+	*l = memLease{term: l.term, reason: l.reason}
 	s.wakeLocked(name, false)
 	return nil
+}
+
+// ReleaseTo implements leader.Transferer.
+func (s *MemStore) ReleaseTo(ctx context.Context, name, token string, term uint64, successor leader.Candidate, reason leader.GrantReason, hold time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("memstore: release %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	l, ok := s.leases[name]
+	if !ok || !l.heldBy(token, term, now) {
+		return fmt.Errorf("memstore: release %q term %d to %s: %w", name, term, successor.ID, leader.ErrLeaseLost)
+	}
+	*l = memLease{term: l.term, reason: l.reason, successor: successor, successorWhy: reason, reservedUntil: now.Add(hold)}
+	s.wakeLocked(name, false)
+	return nil
+}
+
+// RequestTransfer implements leader.Transferer.
+func (s *MemStore) RequestTransfer(ctx context.Context, name string, req leader.TransferRequest, ttl time.Duration) (leader.Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return leader.Lease{}, fmt.Errorf("memstore: request transfer %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	l := s.lease(name)
+	if !l.held(now) {
+		return l.report(name, now), fmt.Errorf("memstore: request transfer %q: %w", name, leader.ErrNoLeader)
+	}
+	l.request, l.requestUntil = req, now.Add(ttl)
+	l.request.Remaining = 0
+	return l.report(name, now), nil
+}
+
+// Enlist implements leader.Transferer.
+func (s *MemStore) Enlist(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("memstore: enlist %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.candidates[name] == nil {
+		s.candidates[name] = make(map[string]memCandidate)
+	}
+	s.candidates[name][c.Token] = memCandidate{c: c, until: time.Now().Add(ttl)}
+	return nil
+}
+
+// Withdraw implements leader.Transferer.
+func (s *MemStore) Withdraw(ctx context.Context, name, token string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("memstore: withdraw %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.candidates[name], token)
+	return nil
+}
+
+// Candidates implements leader.Transferer.
+func (s *MemStore) Candidates(ctx context.Context, name string) ([]leader.Candidate, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("memstore: candidates %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	var out []leader.Candidate
+	for token, e := range s.candidates[name] {
+		if !now.Before(e.until) {
+			delete(s.candidates[name], token)
+			continue
+		}
+		out = append(out, e.c)
+	}
+	return out, nil
 }
 
 // Observe implements leader.Store.

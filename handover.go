@@ -1,0 +1,220 @@
+package leader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// transferCall asks the lead loop to hand the leadership whose context is
+// leader (and no later one) to the candidate whose ID is to ("" for the
+// best); done receives the outcome once the lease has been released to
+// the successor, or the call was refused.
+type transferCall struct {
+	leader context.Context
+	to     string
+	done   chan transferOutcome // capacity 1
+}
+
+// transferOutcome is the lead loop's answer to a transferCall.
+type transferOutcome struct {
+	term      uint64    // the leadership handed over
+	successor Candidate // chosen
+	err       error
+}
+
+// handoff is a handover decided on by the lead loop: to whom, why, and the
+// Transfer call to answer, if it was one.
+type handoff struct {
+	to     Candidate
+	reason GrantReason
+	call   *transferCall
+}
+
+// enlistFor is how long a follower's entry among the candidates lasts: it
+// enlists again every TTL, so an entry outlives two missed refreshes, and
+// a candidate that stopped without withdrawing (killed) drops out within
+// it.
+func (e *Elector) enlistFor() time.Duration { return 3 * e.cfg.TTL }
+
+// Transfer hands leadership over: to the candidate whose ID is to, or,
+// when to is "", to the best candidate (the highest Config.Priority; among
+// equals, any). The store must implement Transferer (every store of this
+// module does).
+//
+// If this instance leads, it steps down as for Resign (IsLeader turns
+// false, the leader context is cancelled, OnDemoted runs and OnElected is
+// awaited), then releases the lease reserved for the successor: the
+// successor, woken by the release, takes it at once with the next term,
+// while the other candidates wait. Transfer returns the lease as the
+// successor holds it. If the successor does not take it within one TTL
+// (it stopped, or cannot reach the store), the reservation lapses and the
+// lease is an ordinary released one that any candidate may take: Transfer
+// then returns an error wrapping ErrTransferNotTaken. This instance
+// campaigns again afterwards, but sits out for one RetryInterval first, as
+// after every loss.
+//
+// If another instance leads, Transfer asks it to hand over, as
+// RequestTransfer does, and waits for it to. It returns an error wrapping
+// ErrNoCandidate, having changed nothing, if no other candidate campaigns
+// with the ID to (or at all), and ErrNoLeader if nobody leads.
+//
+// Transfer waits for OnElected to return, so leader work that calls it
+// must call it on a goroutine of its own, or pass the leader context
+// (Transfer then returns its error once leadership has ended, and the
+// handover completes when OnElected returns).
+func (e *Elector) Transfer(ctx context.Context, to string) (Lease, error) {
+	if _, ok := e.store.(Transferer); !ok {
+		return Lease{}, fmt.Errorf("leader: transfer %q: the store (%T) cannot hand a lease over: %w", e.cfg.Name, e.store, errors.ErrUnsupported)
+	}
+	e.mu.Lock()
+	lctx := e.leaderCtx
+	e.mu.Unlock()
+	if lctx == nil {
+		return RequestTransfer(ctx, e.store, e.cfg.Name, to)
+	}
+	call := transferCall{leader: lctx, to: to, done: make(chan transferOutcome, 1)}
+	select {
+	case e.transferCh <- call:
+	case <-lctx.Done():
+		// Leadership ended meanwhile: ask whoever leads now.
+		return RequestTransfer(ctx, e.store, e.cfg.Name, to)
+	case <-ctx.Done():
+		return Lease{}, ctx.Err()
+	}
+	var out transferOutcome
+	select {
+	case out = <-call.done:
+	case <-ctx.Done():
+		return Lease{}, ctx.Err()
+	}
+	if out.err != nil {
+		return Lease{}, out.err
+	}
+	return awaitSuccessor(ctx, e.store, nil, e.cfg.Name, out.term, out.successor.ID, false)
+}
+
+// enlist records this instance among the candidates of its name, best
+// effort: a candidate missing from the list is only never picked as a
+// successor.
+func (e *Elector) enlist(ctx context.Context, ts Transferer) {
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, e.cfg.RenewInterval)
+	defer cancel()
+	err := ts.Enlist(cctx, e.cfg.Name, e.cand, e.enlistFor())
+	e.recordCall("enlist", start, err)
+	if err != nil && ctx.Err() == nil {
+		e.log.Debug("enlisting as a candidate failed; this instance cannot be picked as a successor until it succeeds", slog.Any("error", err))
+	}
+}
+
+// withdraw removes this instance from the candidates of its name, best
+// effort (its entry runs out anyway).
+func (e *Elector) withdraw(ctx context.Context, ts Transferer) {
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewInterval)
+	defer cancel()
+	err := ts.Withdraw(cctx, e.cfg.Name, e.cand.Token)
+	e.recordCall("withdraw", start, err)
+	if err != nil {
+		e.log.Debug("withdrawing from the candidates failed; the entry runs out by itself", slog.Any("error", err))
+	}
+}
+
+// askToYield asks the leader of lease, whose priority is below this
+// instance's, to hand over (it does once it has led for its MinTenure),
+// unless a request is pending already.
+func (e *Elector) askToYield(ctx context.Context, ts Transferer, lease Lease) {
+	if !lease.Held() || e.cfg.Priority <= lease.Priority || lease.Transfer.Pending() {
+		return
+	}
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, e.cfg.RenewInterval)
+	defer cancel()
+	_, err := ts.RequestTransfer(cctx, e.cfg.Name, TransferRequest{Reason: GrantPriority}, e.cfg.TTL)
+	e.recordCall("request_transfer", start, err)
+	switch {
+	case err == nil:
+		e.log.Info("asked the leader to hand over: this instance's priority is higher",
+			slog.String("leader", lease.HolderID), slog.Int("leader_priority", lease.Priority), slog.Int("priority", e.cfg.Priority))
+	case !errors.Is(err, ErrNoLeader) && ctx.Err() == nil:
+		e.log.Debug("asking the leader to hand over failed", slog.Any("error", err))
+	}
+}
+
+// successor picks the candidate to hand over to: the one whose ID is to,
+// or the best one (with a priority above *above, if above is not nil).
+func (e *Elector) successor(ctx context.Context, ts Transferer, to string, above *int) (Candidate, error) {
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewInterval)
+	defer cancel()
+	cands, err := ts.Candidates(cctx, e.cfg.Name)
+	e.recordCall("candidates", start, err)
+	if err != nil {
+		return Candidate{}, fmt.Errorf("leader: transfer %q: listing candidates: %w", e.cfg.Name, err)
+	}
+	c, err := chooseSuccessor(cands, e.cfg.ID, e.cand.Token, to, above)
+	if err != nil {
+		return Candidate{}, fmt.Errorf("leader: transfer %q: %w", e.cfg.Name, err)
+	}
+	return c, nil
+}
+
+// consider decides on a request to hand over that a renewal of tenure t,
+// led since elected, reported. It returns the handover to make, or nil to
+// lead on: a request for a priority handover before MinTenure, or when no
+// candidate's priority is above this instance's, waits (it lapses unless
+// asked again); a request that no candidate fits is cleared, so that its
+// requester learns at once.
+func (e *Elector) consider(ctx context.Context, ts Transferer, t *tenure, req TransferRequest, elected time.Time) *handoff {
+	if req.Reason == GrantPriority {
+		if time.Since(elected) < e.cfg.MinTenure {
+			return nil
+		}
+		to, err := e.successor(ctx, ts, "", &e.cfg.Priority)
+		if err != nil {
+			e.log.Debug("not handing over for priority", slog.Any("error", err))
+			return nil
+		}
+		return &handoff{to: to, reason: GrantPriority}
+	}
+	to, err := e.successor(ctx, ts, req.To, nil)
+	if err == nil {
+		return &handoff{to: to, reason: GrantTransfer}
+	}
+	e.log.Warn("declining a request to hand over", slog.Uint64("term", t.term), slog.Any("error", err))
+	if errors.Is(err, ErrNoCandidate) {
+		start := time.Now()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewInterval)
+		defer cancel()
+		_, err := ts.RequestTransfer(cctx, e.cfg.Name, TransferRequest{}, 0)
+		e.recordCall("request_transfer", start, err)
+	}
+	return nil
+}
+
+// releaseTo releases the lease of term reserved for h.to, for one TTL,
+// best effort: if it fails the lease simply runs out. It answers h.call,
+// if any.
+func (e *Elector) releaseTo(ctx context.Context, ts Transferer, term uint64, h *handoff) bool {
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewInterval)
+	defer cancel()
+	err := ts.ReleaseTo(rctx, e.cfg.Name, e.cand.Token, term, h.to, h.reason, e.cfg.TTL)
+	e.recordCall("release", start, err)
+	if h.call != nil {
+		out := transferOutcome{term: term, successor: h.to}
+		if err != nil {
+			out.err = fmt.Errorf("leader: transfer %q: handing term %d to %s: %w", e.cfg.Name, term, h.to.ID, err)
+		}
+		h.call.done <- out
+	}
+	if err != nil {
+		e.log.Warn("handing over failed; the lease will run out by itself", slog.Uint64("term", term), slog.String("successor", h.to.ID), slog.Any("error", err))
+		return false
+	}
+	e.log.Info("handed over", slog.Uint64("term", term), slog.String("successor", h.to.ID), slog.String("reason", string(h.reason)))
+	return true
+}

@@ -1,0 +1,262 @@
+package leader
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// GrantReason says why a lease was granted: how leadership last moved. A
+// Store that implements Transferer records it with each grant and reports
+// it in Lease.Reason.
+type GrantReason string
+
+// The reasons a lease is granted.
+const (
+	// GrantFirst: the first grant of the name, or a grant to the holder
+	// itself; also what stores that do not record reasons report.
+	GrantFirst GrantReason = ""
+	// GrantRelease: the lease was free, released by its last holder.
+	GrantRelease GrantReason = "release"
+	// GrantExpiry: the last holder's lease ran out, or its holder was gone
+	// (a crash, a lost connection, a pause past the TTL).
+	GrantExpiry GrantReason = "expiry"
+	// GrantTransfer: the last holder handed the lease to this candidate,
+	// by Elector.Transfer or a request from RequestTransfer.
+	GrantTransfer GrantReason = "transfer"
+	// GrantPriority: the last holder handed the lease to this candidate
+	// because its Config.Priority is higher.
+	GrantPriority GrantReason = "priority"
+)
+
+// TransferRequest is a request that the holder of a lease hand it over,
+// as a Store reports it in Lease.Transfer.
+type TransferRequest struct {
+	// To is the candidate ID to hand over to, or "" for the best
+	// candidate: the one with the highest priority.
+	To string `json:"to,omitempty"`
+	// Reason is GrantTransfer, or GrantPriority for a request that a
+	// candidate with a higher priority makes of a leader with a lower one.
+	Reason GrantReason `json:"reason"`
+	// Remaining is how long the request stays pending unless the holder
+	// acts on it: zero when there is none.
+	Remaining time.Duration `json:"remaining"`
+}
+
+// Pending reports whether r is a request still pending.
+func (r TransferRequest) Pending() bool { return r.Remaining > 0 }
+
+// Transferer is implemented by a Store that can hand a lease to a chosen
+// candidate: see Elector.Transfer, RequestTransfer and Config.Priority.
+// Every store of this module implements it, and leadertest.TestStore
+// checks it where a store does. Times are judged on the store's clock, as
+// for Store.
+type Transferer interface {
+	// Enlist records that c campaigns for name, with c.Priority, until
+	// ttl has passed unless c enlists again; enlisting again replaces
+	// the entry of c.Token.
+	Enlist(ctx context.Context, name string, c Candidate, ttl time.Duration) error
+
+	// Withdraw removes the entry of token from name's candidates, if
+	// there is one.
+	Withdraw(ctx context.Context, name, token string) error
+
+	// Candidates lists name's enlisted candidates whose entries have not
+	// run out, in any order.
+	Candidates(ctx context.Context, name string) ([]Candidate, error)
+
+	// RequestTransfer records req as name's pending request (replacing
+	// any earlier one) until ttl has passed, a grant or ReleaseTo ends
+	// it, or a request with ttl 0 clears it; Acquire, Renew and Observe
+	// report it in Lease.Transfer. It returns the lease as it stands
+	// after the call, and an error wrapping ErrNoLeader if the lease is
+	// not held (req is then not recorded).
+	RequestTransfer(ctx context.Context, name string, req TransferRequest, ttl time.Duration) (Lease, error)
+
+	// ReleaseTo does what Store.Release does, and reserves the freed
+	// lease for successor (by its token) until hold has passed: meanwhile
+	// Acquire grants it to successor alone, with the next term and
+	// reason as its Lease.Reason, and reports it to every other candidate
+	// as not held, with Successor and Reserved set. Once hold has passed
+	// it is an ordinary released lease. It ends any pending request.
+	// reason is GrantTransfer or GrantPriority.
+	ReleaseTo(ctx context.Context, name, token string, term uint64, successor Candidate, reason GrantReason, hold time.Duration) error
+}
+
+// Errors of transfers.
+var (
+	// ErrNoLeader is returned by RequestTransfer and Elector.Transfer
+	// when nobody leads the name: there is nothing to hand over.
+	ErrNoLeader = errors.New("leader: nobody leads")
+
+	// ErrNoCandidate is returned by RequestTransfer and Elector.Transfer
+	// when no campaigning candidate (other than the leader) has the ID
+	// asked for, or, for the best candidate, when none campaigns. Nothing
+	// has changed when it is returned.
+	ErrNoCandidate = errors.New("leader: no such candidate")
+
+	// ErrTransferNotTaken is returned by RequestTransfer and
+	// Elector.Transfer when the leader handed over, but the successor did
+	// not take the lease within its reservation (it stopped, or cannot
+	// reach the store): the lease then became an ordinary released one,
+	// which any candidate may take.
+	ErrTransferNotTaken = errors.New("leader: the successor did not take the lease")
+)
+
+// DefaultTransferTimeout is how long RequestTransfer's request stays
+// pending when its context has no deadline.
+const DefaultTransferTimeout = 30 * time.Second
+
+// RequestTransfer asks the leader of name on store to hand over, and
+// waits until it has: to the candidate whose ID is to, or, when to is "",
+// to the best candidate (the highest Config.Priority; among equals, any).
+// It needs no Elector, so any process may call it (the leader command's
+// transfer subcommand does). The store must implement Transferer.
+//
+// The leader acts on the request at its next renewal (within its
+// RenewInterval): it cancels its leader context, waits for OnDemoted and
+// OnElected to return, and releases the lease reserved for the successor,
+// which takes it at once with the next term while the other candidates
+// wait (see Elector.Transfer). RequestTransfer returns the lease as the
+// successor holds it. It returns an error wrapping ErrNoLeader if nobody
+// leads, ErrNoCandidate if no other candidate campaigns with the ID to (or
+// at all), ErrTransferNotTaken if the successor did not take the lease
+// within its reservation, and ctx.Err() if ctx ends first. The request
+// stays pending until ctx's deadline, or for DefaultTransferTimeout; if it
+// lapses, or the leader declines it (it found no successor), or its
+// Elector predates transfers, RequestTransfer fails saying so.
+func RequestTransfer(ctx context.Context, store Store, name, to string) (Lease, error) {
+	ts, ok := store.(Transferer)
+	if !ok {
+		return Lease{}, fmt.Errorf("leader: transfer %q: the store (%T) cannot hand a lease over: %w", name, store, errors.ErrUnsupported)
+	}
+	cur, err := store.Observe(ctx, name)
+	if err != nil {
+		return Lease{}, fmt.Errorf("leader: transfer %q: %w", name, err)
+	}
+	if !cur.Held() {
+		return cur, fmt.Errorf("leader: transfer %q: %w", name, ErrNoLeader)
+	}
+	cands, err := ts.Candidates(ctx, name)
+	if err != nil {
+		return cur, fmt.Errorf("leader: transfer %q: listing candidates: %w", name, err)
+	}
+	if _, err := chooseSuccessor(cands, cur.HolderID, "", to, nil); err != nil {
+		return cur, fmt.Errorf("leader: transfer %q: %w", name, err)
+	}
+	ttl := DefaultTransferTimeout
+	if d, ok := ctx.Deadline(); ok {
+		ttl = max(time.Until(d), time.Millisecond)
+	}
+	// Watch first, so that no grant goes unseen between the request and
+	// the wait.
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	wake, err := store.Watch(wctx, name)
+	if err != nil {
+		wake = nil // wait by polling alone
+	}
+	cur, err = ts.RequestTransfer(ctx, name, TransferRequest{To: to, Reason: GrantTransfer}, ttl)
+	if err != nil {
+		return cur, fmt.Errorf("leader: transfer %q: %w", name, err)
+	}
+	return awaitSuccessor(ctx, store, wake, name, cur.Term, to, true)
+}
+
+// awaitSuccessor waits until name's lease on store has been granted after
+// term, and returns it: with an error wrapping ErrTransferNotTaken if to is
+// not "" and another candidate holds it, or if it was released and its
+// reservation ran out with nobody taking it. Unless requested is false, the
+// handover had been requested of the holder of term, and a request that
+// lapses or is cleared while term still holds fails the wait. It polls
+// (every few milliseconds at first, then less often) as well as waiting on
+// wake, which may be nil.
+func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name string, term uint64, to string, requested bool) (Lease, error) {
+	poll := time.Millisecond
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	sawReserved := false
+	for {
+		select {
+		case <-ctx.Done():
+			return Lease{}, fmt.Errorf("leader: transfer %q: waiting for the successor: %w", name, ctx.Err())
+		case _, open := <-wake:
+			if !open {
+				wake = nil
+			}
+		case <-timer.C:
+		}
+		l, err := store.Observe(ctx, name)
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return l, fmt.Errorf("leader: transfer %q: waiting for the successor: %w", name, ctx.Err())
+			}
+		case l.Term > term && l.Held():
+			if to != "" && l.HolderID != to {
+				return l, fmt.Errorf("leader: transfer %q: %s holds it with term %d, not %s: %w", name, l.HolderID, l.Term, to, ErrTransferNotTaken)
+			}
+			return l, nil
+		case l.Term > term:
+			// Granted and lost again already: leadership has moved.
+			return l, nil
+		case l.Successor != "":
+			sawReserved = true
+		case !l.Held() && (sawReserved || !requested):
+			return l, fmt.Errorf("leader: transfer %q: released with term %d; nobody took it within its reservation: %w", name, term, ErrTransferNotTaken)
+		case !l.Held():
+			// Released without a reservation: the leader stopped, or
+			// declined and released (an Elector that predates
+			// transfers does not release on request).
+			return l, fmt.Errorf("leader: transfer %q: the leader released term %d without handing it over", name, term)
+		case requested && !l.Transfer.Pending():
+			return l, fmt.Errorf("leader: transfer %q: %s, leading with term %d, did not hand over before the request lapsed (it found no candidate to hand over to, or its version predates transfers)", name, l.HolderID, term)
+		}
+		timer.Reset(poll)
+		poll = min(poll*2, 100*time.Millisecond)
+	}
+}
+
+// chooseSuccessor picks the candidate to hand over to among cands, leaving
+// out the holder's token (or, when holderToken is "", every candidate with
+// the holder's ID): the one whose ID is to, or, when to is "", the one with
+// the highest priority, the first of equals in cands. If above is not nil,
+// the successor's priority must be above *above. It returns an error
+// wrapping ErrNoCandidate, which lists the candidates, when none fits.
+func chooseSuccessor(cands []Candidate, holderID, holderToken, to string, above *int) (Candidate, error) {
+	others := slices.DeleteFunc(slices.Clone(cands), func(c Candidate) bool {
+		if holderToken != "" {
+			return c.Token == holderToken
+		}
+		return c.ID == holderID
+	})
+	fits := others
+	if to != "" {
+		fits = slices.DeleteFunc(slices.Clone(others), func(c Candidate) bool { return c.ID != to })
+	}
+	if above != nil {
+		fits = slices.DeleteFunc(slices.Clone(fits), func(c Candidate) bool { return c.Priority <= *above })
+	}
+	if len(fits) == 0 {
+		ids := make([]string, 0, len(others))
+		for _, c := range others {
+			ids = append(ids, fmt.Sprintf("%s (priority %d)", c.ID, c.Priority))
+		}
+		list := "none campaigns besides the leader"
+		if len(ids) > 0 {
+			list = "campaigning: " + strings.Join(ids, ", ")
+		}
+		switch {
+		case to != "":
+			return Candidate{}, fmt.Errorf("%w: no candidate besides the leader has ID %q (%s)", ErrNoCandidate, to, list)
+		case above != nil:
+			return Candidate{}, fmt.Errorf("%w: no candidate has a priority above %d (%s)", ErrNoCandidate, *above, list)
+		}
+		return Candidate{}, fmt.Errorf("%w: %s", ErrNoCandidate, list)
+	}
+	return slices.MaxFunc(fits, func(a, b Candidate) int { return cmp.Compare(a.Priority, b.Priority) }), nil
+}

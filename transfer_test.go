@@ -1,0 +1,280 @@
+package leader_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
+	"github.com/leaderelect/leader/leadertest"
+)
+
+// transferGroup is a group of Electors for one name on one MemStore, whose
+// history fails the test if two ever lead at once or a term goes back.
+type transferGroup struct {
+	store *leadertest.MemStore
+	name  string
+	h     *electortest.History
+	es    map[string]*leader.Elector
+}
+
+func newTransferGroup(t *testing.T, name string, priorities map[string]int) *transferGroup {
+	g := &transferGroup{store: leadertest.NewMemStore(), name: name, es: map[string]*leader.Elector{}}
+	g.h = newHistory()
+	for id, p := range priorities {
+		g.start(t, id, p)
+	}
+	return g
+}
+
+// start starts a candidate id with priority p.
+func (g *transferGroup) start(t *testing.T, id string, p int) *leader.Elector {
+	t.Helper()
+	cfg := testConfig(g.name, id)
+	cfg.Priority = p
+	cfg.OnElected, cfg.OnDemoted = g.h.Hooks(t, id)
+	e, err := leader.New(g.store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.es[id] = e
+	runElector(t, e)
+	return e
+}
+
+// leader waits for one Elector of the group to lead and returns its ID and
+// term.
+func (g *transferGroup) leader(t *testing.T) (string, uint64) {
+	t.Helper()
+	var id string
+	var term uint64
+	eventually(t, 10*time.Second, "a leader", func() bool {
+		for i, e := range g.es {
+			if st := e.Status(); st.IsLeader {
+				id, term = i, st.Term
+				return true
+			}
+		}
+		return false
+	})
+	return id, term
+}
+
+// enlisted waits until every Elector of the group but the leader is among
+// the store's candidates.
+func (g *transferGroup) enlisted(t *testing.T) {
+	t.Helper()
+	eventually(t, 10*time.Second, "every follower enlisted", func() bool {
+		cands, err := g.store.Candidates(t.Context(), g.name)
+		return err == nil && len(cands) >= len(g.es)-1
+	})
+}
+
+func callCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestTransfer(t *testing.T) {
+	t.Parallel()
+
+	t.Run("the leader hands over to the named candidate, which leads at once with the next term", func(t *testing.T) {
+		t.Parallel()
+		g := newTransferGroup(t, "named", map[string]int{"a": 0, "b": 0, "c": 0})
+		from, term := g.leader(t)
+		g.enlisted(t)
+		to := map[string]string{"a": "b", "b": "c", "c": "a"}[from]
+		l, err := g.es[from].Transfer(callCtx(t), to)
+		if err != nil {
+			t.Fatalf("Transfer to %s: %v", to, err)
+		}
+		if l.HolderID != to || l.Term != term+1 || l.Reason != leader.GrantTransfer {
+			t.Fatalf("Transfer returned %+v; want held by %s with term %d, reason transfer", l, to, term+1)
+		}
+		if st := g.es[to].Status(); !st.IsLeader || st.Term != term+1 || st.Reason != leader.GrantTransfer {
+			t.Fatalf("the successor's Status = %+v; want leading with term %d, reason transfer", st, term+1)
+		}
+		// The old leader was demoted before the successor was elected
+		// (the history checks it), and nobody else led in between.
+		eventually(t, 10*time.Second, fmt.Sprintf("%s's OnElected with term %d", to, term+1), func() bool {
+			els := g.h.Elections()
+			last := els[len(els)-1]
+			return last.Instance == to && last.Term == term+1
+		})
+		if els := g.h.Elections(); len(els) != 2 {
+			t.Fatalf("elections %v; want two: %s's, then %s's", els, from, to)
+		}
+	})
+
+	t.Run("a transfer to a candidate that does not campaign fails and changes nothing", func(t *testing.T) {
+		t.Parallel()
+		g := newTransferGroup(t, "gone", map[string]int{"a": 0, "b": 0})
+		from, term := g.leader(t)
+		g.enlisted(t)
+		_, err := g.es[from].Transfer(callCtx(t), "nobody")
+		if !errors.Is(err, leader.ErrNoCandidate) {
+			t.Fatalf("Transfer to a candidate that does not campaign: %v; want ErrNoCandidate", err)
+		}
+		if st := g.es[from].Status(); !st.IsLeader || st.Term != term {
+			t.Fatalf("after a refused transfer the leader's Status = %+v; want still leading with term %d", st, term)
+		}
+		_, err = leader.RequestTransfer(callCtx(t), g.store, g.name, "nobody")
+		if !errors.Is(err, leader.ErrNoCandidate) {
+			t.Fatalf("RequestTransfer to a candidate that does not campaign: %v; want ErrNoCandidate", err)
+		}
+	})
+
+	t.Run("a successor that never takes the lease lets it go to the others after one TTL", func(t *testing.T) {
+		t.Parallel()
+		g := newTransferGroup(t, "silent", map[string]int{"a": 0, "b": 0})
+		from, term := g.leader(t)
+		g.enlisted(t)
+		ghost := leader.Candidate{ID: "ghost", Token: "ghost-token"}
+		if err := g.store.Enlist(t.Context(), g.name, ghost, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err := g.es[from].Transfer(callCtx(t), "ghost")
+		if !errors.Is(err, leader.ErrTransferNotTaken) {
+			t.Fatalf("Transfer to a candidate that never takes the lease: %v; want ErrTransferNotTaken", err)
+		}
+		if took := time.Since(start); took < time.Second/2 {
+			t.Errorf("Transfer gave up on the successor after %v; its reservation lasts a TTL (1s)", took)
+		}
+		id, next := g.leader(t)
+		if next <= term {
+			t.Fatalf("%s leads with term %d after term %d", id, next, term)
+		}
+		if st := g.es[id].Status(); st.Reason != leader.GrantRelease {
+			t.Errorf("the lease was taken after the reservation ran out with reason %q; want release", st.Reason)
+		}
+	})
+
+	t.Run("any process can ask the leader to hand over, without an Elector", func(t *testing.T) {
+		t.Parallel()
+		g := newTransferGroup(t, "request", map[string]int{"a": 0, "b": 0, "c": 0})
+		from, term := g.leader(t)
+		g.enlisted(t)
+		to := map[string]string{"a": "c", "b": "a", "c": "b"}[from]
+		l, err := leader.RequestTransfer(callCtx(t), g.store, g.name, to)
+		if err != nil {
+			t.Fatalf("RequestTransfer to %s: %v", to, err)
+		}
+		if l.HolderID != to || l.Term != term+1 || l.Reason != leader.GrantTransfer {
+			t.Fatalf("RequestTransfer returned %+v; want held by %s with term %d", l, to, term+1)
+		}
+		// A follower's Transfer asks the leader the same way.
+		other := map[string]string{"a": "b", "b": "c", "c": "a"}[to]
+		g.enlisted(t)
+		l, err = g.es[other].Transfer(callCtx(t), other)
+		if err != nil || l.HolderID != other || l.Term != term+2 {
+			t.Fatalf("a follower's Transfer to itself = %+v, %v; want held by %s with term %d", l, err, other, term+2)
+		}
+	})
+
+	t.Run("without a candidate ID the leader hands over to the highest priority", func(t *testing.T) {
+		t.Parallel()
+		g := newTransferGroup(t, "best", map[string]int{"a": 0})
+		g.leader(t)
+		g.start(t, "b", -1) // lower than the leader: never asks
+		g.start(t, "c", -2)
+		g.enlisted(t)
+		l, err := g.es["a"].Transfer(callCtx(t), "")
+		if err != nil || l.HolderID != "b" {
+			t.Fatalf("Transfer to the best = %+v, %v; want held by b (priority -1 beats -2)", l, err)
+		}
+	})
+
+	t.Run("concurrent requests hand over once, to one of the candidates asked for", func(t *testing.T) {
+		t.Parallel()
+		g := newTransferGroup(t, "concurrent", map[string]int{"a": 0, "b": 0, "c": 0, "d": 0})
+		from, term := g.leader(t)
+		g.enlisted(t)
+		var wg sync.WaitGroup
+		results := make(chan error, 3)
+		for id := range g.es {
+			if id == from {
+				continue
+			}
+			wg.Go(func() {
+				_, err := leader.RequestTransfer(callCtx(t), g.store, g.name, id)
+				results <- err
+			})
+		}
+		wg.Wait()
+		close(results)
+		ok := 0
+		for err := range results {
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, leader.ErrTransferNotTaken):
+				// Another request was recorded after this one.
+			default:
+				t.Errorf("RequestTransfer: %v", err)
+			}
+		}
+		if ok != 1 {
+			t.Errorf("%d of 3 concurrent requests succeeded; want 1", ok)
+		}
+		l, err := g.store.Observe(t.Context(), g.name)
+		if err != nil || l.Term != term+1 || l.HolderID == from {
+			t.Fatalf("after concurrent requests the lease is %+v, %v; want handed over once, with term %d", l, err, term+1)
+		}
+	})
+
+	t.Run("a candidate with a higher priority takes over after the minimum tenure, and equals never move it", func(t *testing.T) {
+		t.Parallel()
+		g := newTransferGroup(t, "priority", map[string]int{"old": 1})
+		_, term := g.leader(t)
+		g.start(t, "new1", 2)
+		eventually(t, 10*time.Second, "new1 to lead", func() bool { return g.es["new1"].IsLeader() })
+		st := g.es["new1"].Status()
+		if st.Term != term+1 || st.Reason != leader.GrantPriority {
+			t.Fatalf("new1's Status = %+v; want term %d, reason priority", st, term+1)
+		}
+		e, ok := g.h.Find(func(e event) bool { return e.Instance == "new1" && e.Elected })
+		first, _ := g.h.Find(func(e event) bool { return e.Instance == "old" && e.Elected })
+		if !ok || e.At.Sub(first.At) < time.Second {
+			t.Errorf("new1 was elected %v after old; want no sooner than old's MinTenure (the TTL, 1s)", e.At.Sub(first.At))
+		}
+		// An equal priority, and a lower one, never move leadership.
+		g.start(t, "new2", 2)
+		g.start(t, "old2", 1)
+		time.Sleep(3 * time.Second) // several MinTenures and renewals
+		if st := g.es["new1"].Status(); !st.IsLeader || st.Term != term+1 {
+			t.Fatalf("with an equal and a lower priority campaigning, new1's Status = %+v; want still leading with term %d", st, term+1)
+		}
+		if n := len(g.h.Elections()); n != 2 {
+			t.Fatalf("%d elections: %v; want 2", n, g.h.Elections())
+		}
+	})
+}
+
+func TestTransferConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg   func(*leader.Config)
+		field string
+	}{
+		{func(c *leader.Config) { c.Priority = leader.MaxPriority + 1 }, "Priority"},
+		{func(c *leader.Config) { c.Priority = leader.MinPriority - 1 }, "Priority"},
+		{func(c *leader.Config) { c.MinTenure = -time.Second }, "MinTenure"},
+		{func(c *leader.Config) { c.MinTenure = leader.MaxTTL + 1 }, "MinTenure"},
+	} {
+		cfg := testConfig("cfg", "a")
+		tc.cfg(&cfg)
+		_, err := leader.New(leadertest.NewMemStore(), cfg)
+		var ce *leader.ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("New with %s out of bounds: %v; want a ConfigError for %s", tc.field, err, tc.field)
+		}
+	}
+	if e, err := leader.New(leadertest.NewMemStore(), testConfig("cfg", "a")); err != nil || e.Config().MinTenure != time.Second {
+		t.Errorf("default MinTenure = %v (%v); want the TTL, 1s", e.Config().MinTenure, err)
+	}
+}
