@@ -39,32 +39,30 @@ type handoff struct {
 // it.
 func (e *Elector) enlistFor() time.Duration { return 3 * e.cfg.TTL }
 
-// Transfer hands leadership over: to the candidate whose ID is to, or,
-// when to is "", to the best candidate (the highest Config.Priority; among
-// equals, any). The store must implement Transferer (every store of this
-// module does).
+// Transfer hands this instance's leadership over: to the candidate whose
+// ID is to, or, when to is "", to the best candidate (the highest
+// Config.Priority; among equals, any). The store must implement
+// Transferer (every store of this module does). To ask whoever leads, from
+// any process, use RequestTransfer.
 //
-// If this instance leads, it steps down as for Resign (IsLeader turns
-// false, the leader context is cancelled, OnDemoted runs and OnElected is
-// awaited), then releases the lease reserved for the successor: the
-// successor, woken by the release, takes it at once with the next term,
-// while the other candidates wait. Transfer returns the lease as the
-// successor holds it. If the successor does not take it within one TTL
-// (it stopped, or cannot reach the store), the reservation lapses and the
-// lease is an ordinary released one that any candidate may take: Transfer
-// then returns an error wrapping ErrTransferNotTaken. This instance
-// campaigns again afterwards, but sits out for one RetryInterval first, as
-// after every loss.
+// This instance steps down as for Resign (IsLeader turns false, the
+// leader context is cancelled, OnDemoted runs and OnElected is awaited),
+// then releases the lease reserved for the successor: the successor, woken
+// by the release, takes it at once with the next term, while the other
+// candidates wait. Transfer returns the lease as the successor holds it.
+// If the successor does not take it within one TTL (it stopped, or cannot
+// reach the store), the reservation lapses and the lease is an ordinary
+// released one that any candidate may take: Transfer then returns an error
+// wrapping ErrTransferNotTaken. This instance campaigns again afterwards,
+// but sits out for one RetryInterval first, as after every loss.
 //
-// If another instance leads, Transfer asks it to hand over, as
-// RequestTransfer does, and waits for it to. It returns an error wrapping
-// ErrNoCandidate, having changed nothing, if no other candidate campaigns
-// with the ID to (or at all), and ErrNoLeader if nobody leads.
-//
-// Transfer waits for OnElected to return, so leader work that calls it
-// must call it on a goroutine of its own, or pass the leader context
-// (Transfer then returns its error once leadership has ended, and the
-// handover completes when OnElected returns).
+// Transfer returns ErrNotLeader if this instance does not lead, and an
+// error wrapping ErrNoCandidate, having changed nothing, if no other
+// candidate campaigns with the ID to (or at all). It waits for OnElected
+// to return, so leader work that calls it must call it on a goroutine of
+// its own, or pass the leader context (Transfer then returns its error
+// once leadership has ended, and the handover completes when OnElected
+// returns).
 func (e *Elector) Transfer(ctx context.Context, to string) (Lease, error) {
 	if _, ok := e.store.(Transferer); !ok {
 		return Lease{}, fmt.Errorf("leader: transfer %q: the store (%T) cannot hand a lease over: %w", e.cfg.Name, e.store, errors.ErrUnsupported)
@@ -73,14 +71,13 @@ func (e *Elector) Transfer(ctx context.Context, to string) (Lease, error) {
 	lctx := e.leaderCtx
 	e.mu.Unlock()
 	if lctx == nil {
-		return RequestTransfer(ctx, e.store, e.cfg.Name, to)
+		return Lease{}, ErrNotLeader
 	}
 	call := transferCall{leader: lctx, to: to, done: make(chan transferOutcome, 1)}
 	select {
 	case e.transferCh <- call:
 	case <-lctx.Done():
-		// Leadership ended meanwhile: ask whoever leads now.
-		return RequestTransfer(ctx, e.store, e.cfg.Name, to)
+		return Lease{}, ErrNotLeader
 	case <-ctx.Done():
 		return Lease{}, ctx.Err()
 	}
