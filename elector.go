@@ -83,7 +83,7 @@ type Elector struct {
 
 	resignCh   chan resignRequest // Resign -> lead loop
 	transferCh chan transferCall  // Transfer -> lead loop
-	pubCh    chan Status        // latest status for OnNewLeader, capacity 1
+	pubCh      chan Status        // latest status for OnNewLeader, capacity 1
 
 	mu        sync.Mutex
 	running   bool
@@ -119,10 +119,10 @@ func New(store Store, cfg Config) (*Elector, error) {
 		return nil, fmt.Errorf("leader: New: making instance token: %w", err)
 	}
 	e := &Elector{
-		cfg:      cfg,
-		store:    store,
-		cand:     Candidate{ID: cfg.ID, Token: token, Priority: cfg.Priority},
-		log:      cfg.Logger.With(slog.String("election", cfg.Name), slog.String("id", cfg.ID)),
+		cfg:        cfg,
+		store:      store,
+		cand:       Candidate{ID: cfg.ID, Token: token, Priority: cfg.Priority},
+		log:        cfg.Logger.With(slog.String("election", cfg.Name), slog.String("id", cfg.ID)),
 		resignCh:   make(chan resignRequest),
 		transferCh: make(chan transferCall),
 		pubCh:      make(chan Status, 1),

@@ -20,7 +20,7 @@ type tenure struct {
 	// requested, capacity 1, receives the requests to hand over that
 	// renewals report (see Transferer).
 	requested chan TransferRequest
-	timer   *time.Timer   // fires at the stop point
+	timer     *time.Timer // fires at the stop point
 
 	mu       sync.Mutex
 	deadline time.Time // the local deadline: the last renewal's sent+TTL-DriftMargin

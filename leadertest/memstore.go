@@ -16,7 +16,7 @@ import (
 type MemStore struct {
 	mu         sync.Mutex
 	leases     map[string]*memLease
-	watchers   map[string]map[chan struct{}]bool // channel → releases only
+	watchers   map[string]map[chan struct{}]bool  // channel → releases only
 	candidates map[string]map[string]memCandidate // name → token → entry
 }
 
