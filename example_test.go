@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/leaderelect/leader"
@@ -150,4 +151,96 @@ func ExampleBatchRenewer() {
 	// Output:
 	// report: renewed true, lost false
 	// cleanup: renewed false, lost true
+}
+
+// campaigning waits until a candidate with the given ID is enlisted.
+func campaigning(ctx context.Context, store *leadertest.MemStore, name, id string) {
+	for {
+		cands, _ := store.Candidates(ctx, name)
+		for _, c := range cands {
+			if c.ID == id {
+				return
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Hand leadership to a chosen candidate: the leader steps down (its
+// context is cancelled and OnDemoted awaited), then the successor takes
+// the lease at once with the next term, while the other candidates wait.
+func ExampleElector_Transfer() {
+	store := leadertest.NewMemStore()
+	ctx, stop := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	defer running.Wait()
+	defer stop()
+	elected := make(chan string, 2)
+	start := func(id string) *leader.Elector {
+		e, err := leader.New(store, leader.Config{
+			Name:      "nightly-report",
+			ID:        id,
+			Logger:    slog.New(slog.DiscardHandler),
+			OnElected: func(context.Context) { elected <- id },
+		})
+		if err != nil {
+			panic(err)
+		}
+		running.Go(func() { _ = e.Run(ctx) })
+		return e
+	}
+	first := start("worker-1")
+	fmt.Println("elected:", <-elected)
+	start("worker-2")
+	campaigning(ctx, store, "nightly-report", "worker-2")
+	l, err := first.Transfer(ctx, "worker-2")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("elected:", <-elected)
+	fmt.Println("holder:", l.HolderID, "term:", l.Term, "reason:", l.Reason)
+	// Output:
+	// elected: worker-1
+	// elected: worker-2
+	// holder: worker-2 term: 2 reason: transfer
+}
+
+// Ask whoever leads to hand over, from any process: no Elector needed.
+// Without a candidate ID the leader picks the candidate with the highest
+// Config.Priority (here the only other one).
+func ExampleRequestTransfer() {
+	store := leadertest.NewMemStore()
+	ctx, stop := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	defer running.Wait()
+	defer stop()
+	elected := make(chan string, 2)
+	for i, id := range []string{"old-release", "new-release"} {
+		e, err := leader.New(store, leader.Config{
+			Name:      "nightly-report",
+			ID:        id,
+			Logger:    slog.New(slog.DiscardHandler),
+			OnElected: func(context.Context) { elected <- id },
+		})
+		if err != nil {
+			panic(err)
+		}
+		running.Go(func() { _ = e.Run(ctx) })
+		if i == 0 {
+			fmt.Println("elected:", <-elected)
+		}
+	}
+	campaigning(ctx, store, "nightly-report", "new-release")
+	l, err := leader.RequestTransfer(ctx, store, "nightly-report", "")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("elected:", <-elected)
+	fmt.Println("holder:", l.HolderID, "reason:", l.Reason)
+	// Output:
+	// elected: old-release
+	// elected: new-release
+	// holder: new-release reason: transfer
 }

@@ -43,9 +43,19 @@ stops it as on loss when the lease's stop point passes without a renewal.
 "leader run" ignores SIGTSTP (Ctrl-Z), SIGTTIN and SIGTTOU. When this
 instance is elected again, the command starts again.
 
-SIGINT or SIGTERM to "leader run" stops the command the same way, releases
-the lease (another instance takes over at once) and exits; a second signal
-kills the command with SIGKILL at once.
+SIGINT or SIGTERM to "leader run" stops the command the same way and hands
+the lease over to the best other instance (the highest --priority; among
+equals, any), which starts its command at once while the others wait; then
+it exits. If no other instance campaigns, or the one chosen does not take
+the lease within --ttl, the lease is released as usual (another instance
+takes over at once). A second signal kills the command with SIGKILL at once.
+
+--priority ranks instances as successors: an instance whose --priority is
+above the leader's asks it to hand over, and the leader does once it has
+led for --ttl; equal priorities never move leadership. In a rolling deploy,
+give the new release a higher --priority: leadership moves once, to the
+first new instance, and stays there. "leader transfer" hands over on
+request, from any host.
 
 On PostgreSQL, --strategy chooses how the election is kept:
   lease     (default) a row in the lease table, renewed every TTL/3: a
@@ -107,6 +117,7 @@ type runOptions struct {
 	restart  string
 	http     string
 	strategy string
+	priority int
 }
 
 func (o *runOptions) flags() *flag.FlagSet {
@@ -117,6 +128,7 @@ func (o *runOptions) flags() *flag.FlagSet {
 	fs.DurationVar(&o.ttl, "ttl", leader.DefaultTTL, fmt.Sprintf("lease length: a crashed leader is replaced within about this long (%v to %v)", leader.MinTTL, leader.MaxTTL))
 	fs.DurationVar(&o.grace, "grace", 0, "time between SIGTERM and SIGKILL when the command must stop; at most about\nTTL×0.28 minus a kill margin")
 	describeDefault(fs, "grace", fmt.Sprintf("TTL/5 minus the kill margin: %v for the default --ttl", defaultGrace(leader.DefaultTTL)))
+	fs.IntVar(&o.priority, "priority", 0, fmt.Sprintf("this instance's priority as a successor (see above; %d to %d)", leader.MinPriority, leader.MaxPriority))
 	fs.StringVar(&o.restart, "restart", restartNever, "when the command exits on its own: never, on-failure or always")
 	fs.StringVar(&o.http, "http", "", "serve /healthz, /leader and /metrics on `ADDR` (a bare :PORT listens on 127.0.0.1)")
 	describeDefault(fs, "http", "no HTTP server")
@@ -171,7 +183,9 @@ func runRun(a *app, ctx context.Context, args []string) int {
 		return fail(err)
 	}
 
-	runCtx, stopRun := context.WithCancel(ctx)
+	// The Elector runs until the command is done with, or a signal has
+	// ended ctx and the lease was handed over (see below).
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRun()
 	var (
 		exitMu   sync.Mutex
@@ -198,6 +212,7 @@ func runRun(a *app, ctx context.Context, args []string) int {
 		Name:      o.name,
 		ID:        o.id,
 		TTL:       o.ttl,
+		Priority:  o.priority,
 		StopGrace: o.grace + killMargin(o.ttl),
 		Logger:    slog.New(refusalFilter{Handler: log.Handler(), quiet: quiet}),
 		OnElected: runner.onElected,
@@ -235,7 +250,9 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	defer store.Close()
 	runner.fencePath = store.fencePath(o.name)
 
-	elector, err = leader.New(store, cfg)
+	// The Elector gets the store itself, with every optional interface it
+	// has (hand-overs, free-only wake-ups, batch renewals, loss notices).
+	elector, err = leader.New(store.Store, cfg)
 	if err != nil {
 		return fail(configUsageError(err, o.ttl, o.grace))
 	}
@@ -284,6 +301,13 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	}
 	attrs = append(attrs, slog.Duration("ttl", o.ttl), slog.Duration("grace", o.grace))
 	log.Info("electing", attrs...)
+	// On the first SIGINT/SIGTERM, a leader hands over to the best other
+	// instance before Run ends (which would only release the lease).
+	stopHandover := context.AfterFunc(ctx, func() {
+		handOver(runCtx, elector, o.ttl, log)
+		stopRun()
+	})
+	defer stopHandover()
 	if err := elector.Run(runCtx); err != nil {
 		if conflict := strategyConflict(err); conflict != nil {
 			return fail(conflict)
@@ -293,6 +317,29 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	exitMu.Lock()
 	defer exitMu.Unlock()
 	return exitCode
+}
+
+// handOver hands e's leadership, if it leads, to the best other candidate,
+// and waits until that one holds the lease or within (plus the time to stop
+// the command) has passed; then Run's ending finds nothing to release.
+// With no other candidate, or one that does not take the lease, the lease
+// is released as usual (by Run, or when the reservation lapses).
+func handOver(ctx context.Context, e *leader.Elector, within time.Duration, log *slog.Logger) {
+	if !e.IsLeader() {
+		return
+	}
+	tctx, cancel := context.WithTimeout(ctx, 2*within)
+	defer cancel()
+	l, err := e.Transfer(tctx, "")
+	switch {
+	case err == nil:
+		log.Info("handed over", slog.String("successor", l.HolderID), slog.Uint64("term", l.Term))
+	case errors.Is(err, leader.ErrNotLeader):
+	case errors.Is(err, leader.ErrNoCandidate):
+		log.Info("no other instance campaigns; releasing the lease")
+	default:
+		log.Warn("handing over failed; the lease is released", slog.Any("error", err))
+	}
 }
 
 // validateConfig runs leader.New's checks on cfg without a store.
@@ -315,6 +362,8 @@ func configUsageError(err error, ttl, grace time.Duration) error {
 		return usagef("--id %q %s", ce.Value, ce.Rule)
 	case "TTL":
 		return usagef("--ttl %v %s", ce.Value, ce.Rule)
+	case "Priority":
+		return usagef("--priority %v %s", ce.Value, ce.Rule)
 	case "StopGrace":
 		// The defaults New fills in: RenewInterval TTL/3, DriftMargin TTL/20.
 		limit := ttl - 2*(ttl/3) - ttl/20 - killMargin(ttl)

@@ -24,12 +24,21 @@ Prints the election's current leader (its ID), the fencing term of its grant,
 when it was granted the lease (since) and when the lease runs out unless
 renewed (expires), as the store reports them. Times are the store's.
 
+Also how leadership last moved (reason: release, expiry, transfer or
+priority), the leader's --priority when not 0, and a pending request that
+it hand over ("leader transfer", or an instance with a higher --priority).
+While a lease handed over waits for its successor, the leader is none and
+the successor is named.
+
 --json prints one JSON object:
   {"name": "...", "leader": "ID" or null, "held": true|false, "term": N,
    "acquired_at": "RFC 3339" or null, "expires_at": "RFC 3339" or null,
-   "remaining_seconds": N}
+   "remaining_seconds": N, "reason": "release|expiry|transfer|priority|",
+   "priority": N, "transfer": {"to": "ID" or null, "reason":
+   "transfer|priority", "remaining_seconds": N} or null,
+   "successor": "ID" or null, "reserved_seconds": N (with successor)}
 "leader" is null when no one holds the lease; "term" is then the last term
-granted (0 if never).
+granted (0 if never). "reason" is "" for a first grant.
 
 On PostgreSQL an election is elected with one strategy (lease or advisory,
 "leader run --strategy"), which the store records: status looks at the
@@ -51,7 +60,9 @@ var watchCommand = &command{
 	summary:  "print a line each time the leader of an election changes",
 	help: `
 Prints the election's leader now, then a line each time it changes (a new
-holder, a new term, or no holder), until interrupted. Changes are noticed
+holder, a new term, or no holder; a transfer asked for; a lease handed over
+and waiting for its successor), until interrupted. Each line says how
+leadership last moved (reason=release, expiry, transfer or priority). Changes are noticed
 from the store's wake-ups and, for expiries, at the expiry the store
 reported. --json prints each line as a JSON object with the keys of
 "leader status --json" plus "time" (when the change was seen, this host's
@@ -77,6 +88,8 @@ type statusOptions struct {
 	json     bool
 	interval time.Duration
 	strategy string
+	to       string        // transfer
+	timeout  time.Duration // transfer
 }
 
 func (o *statusOptions) flags(cmd string) *flag.FlagSet {
@@ -88,7 +101,12 @@ func (o *statusOptions) flags(cmd string) *flag.FlagSet {
 		"the other one, a note on stderr says so")
 	describeDefault(fs, "strategy", "the election's own, from the store")
 	if cmd == "watch" {
-		fs.DurationVar(&o.interval, "poll", 2*time.Second, "also look this often while no one leads, for stores without wake-ups")
+		fs.DurationVar(&o.interval, "poll", 2*time.Second, "also look this often (for a pending transfer, or while no one leads, or for stores without wake-ups)")
+	}
+	if cmd == "transfer" {
+		fs.StringVar(&o.to, "to", "", "hand over to the instance with this `ID` (\"leader status\" shows the leader's)")
+		describeDefault(fs, "to", "the best instance: the highest --priority")
+		fs.DurationVar(&o.timeout, "timeout", leader.DefaultTransferTimeout, "give up when the leader has not handed over within this long")
 	}
 	o.commonOptions.register(fs, "warn")
 	return fs
@@ -213,12 +231,39 @@ type statusJSON struct {
 	AcquiredAt       *time.Time `json:"acquired_at"`
 	ExpiresAt        *time.Time `json:"expires_at"`
 	RemainingSeconds float64    `json:"remaining_seconds"`
+	// Reason is how leadership last moved: release, expiry, transfer,
+	// priority, or "" for a first grant.
+	Reason   string `json:"reason"`
+	Priority int    `json:"priority"`
+	// Transfer is a pending request that the leader hand over.
+	Transfer *transferJSON `json:"transfer"`
+	// Successor is the instance a lease handed over is reserved for,
+	// until it takes it (ReservedSeconds more).
+	Successor       *string `json:"successor"`
+	ReservedSeconds float64 `json:"reserved_seconds,omitempty"`
+}
+
+// transferJSON is a pending request to hand over.
+type transferJSON struct {
+	To               *string `json:"to"` // null: the best instance
+	Reason           string  `json:"reason"`
+	RemainingSeconds float64 `json:"remaining_seconds"`
 }
 
 func leaseJSON(name string, l leader.Lease, seen time.Time) statusJSON {
-	out := statusJSON{Name: name, Term: l.Term, Held: l.Held()}
+	out := statusJSON{Name: name, Term: l.Term, Held: l.Held(), Reason: string(l.Reason)}
 	if !seen.IsZero() {
 		out.Time = &seen
+	}
+	if l.Successor != "" {
+		successor := l.Successor
+		out.Successor, out.ReservedSeconds = &successor, l.Reserved.Seconds()
+	}
+	if l.Held() && l.Transfer.Pending() {
+		out.Transfer = &transferJSON{Reason: string(l.Transfer.Reason), RemainingSeconds: l.Transfer.Remaining.Seconds()}
+		if to := l.Transfer.To; to != "" {
+			out.Transfer.To = &to
+		}
 	}
 	if l.Held() {
 		id, acquired, expires := l.HolderID, l.AcquiredAt, l.ExpiresAt
@@ -230,6 +275,7 @@ func leaseJSON(name string, l leader.Lease, seen time.Time) statusJSON {
 			out.ExpiresAt = &expires
 		}
 		out.RemainingSeconds = l.Remaining.Seconds()
+		out.Priority = l.Priority
 	}
 	return out
 }
@@ -245,19 +291,54 @@ func writeJSON(w io.Writer, v any) {
 func printStatus(w io.Writer, name string, l leader.Lease, now time.Time) {
 	fmt.Fprintf(w, "election  %s\n", name)
 	if !l.Held() {
-		if l.Term == 0 {
+		switch {
+		case l.Term == 0:
 			fmt.Fprintf(w, "leader    none (never granted)\n")
-		} else {
+		case l.Successor != "":
+			fmt.Fprintf(w, "leader    none: handed over to %s, reserved for it %s more (last term %d)\n", l.Successor, roundDuration(l.Reserved), l.Term)
+		default:
 			fmt.Fprintf(w, "leader    none (last term %d)\n", l.Term)
 		}
 		return
 	}
 	fmt.Fprintf(w, "leader    %s\n", l.HolderID)
 	fmt.Fprintf(w, "term      %d\n", l.Term)
+	if l.Reason != "" {
+		fmt.Fprintf(w, "reason    %s\n", reasonText(l.Reason))
+	}
+	if l.Priority != 0 {
+		fmt.Fprintf(w, "priority  %d\n", l.Priority)
+	}
 	if !l.AcquiredAt.IsZero() {
 		fmt.Fprintf(w, "since     %s (%s ago)\n", l.AcquiredAt.Format(time.RFC3339Nano), roundDuration(now.Sub(l.AcquiredAt)))
 	}
 	fmt.Fprintf(w, "expires   %s (in %s)\n", l.ExpiresAt.Format(time.RFC3339Nano), roundDuration(l.Remaining))
+	if r := l.Transfer; r.Pending() {
+		to := "the best instance"
+		if r.To != "" {
+			to = r.To
+		}
+		why := "asked for"
+		if r.Reason == leader.GrantPriority {
+			why = "an instance with a higher priority campaigns"
+		}
+		fmt.Fprintf(w, "transfer  pending, to %s (%s; %s left)\n", to, why, roundDuration(r.Remaining))
+	}
+}
+
+// reasonText says how leadership last moved, for status.
+func reasonText(r leader.GrantReason) string {
+	switch r {
+	case leader.GrantRelease:
+		return "release (the last leader stopped or resigned)"
+	case leader.GrantExpiry:
+		return "expiry (the last leader's lease ran out: it died, hung or lost the store)"
+	case leader.GrantTransfer:
+		return "transfer (the last leader handed over on request)"
+	case leader.GrantPriority:
+		return "priority (the last leader handed over to a higher priority)"
+	}
+	return string(r)
 }
 
 func roundDuration(d time.Duration) time.Duration {
@@ -271,18 +352,26 @@ func roundDuration(d time.Duration) time.Duration {
 	}
 }
 
-// leaseKey identifies what watch reports as a change.
+// leaseKey identifies what watch reports as a change: a new holder, term,
+// or none; a transfer asked for; a lease handed over, reserved for its
+// successor.
 type leaseKey struct {
-	holder string
-	term   uint64
-	held   bool
+	holder    string
+	term      uint64
+	held      bool
+	transfer  leader.TransferRequest // Remaining zero
+	successor string
 }
 
 func keyOf(l leader.Lease) leaseKey {
 	if !l.Held() {
-		return leaseKey{term: l.Term}
+		return leaseKey{term: l.Term, successor: l.Successor}
 	}
-	return leaseKey{holder: l.HolderID, term: l.Term, held: true}
+	k := leaseKey{holder: l.HolderID, term: l.Term, held: true}
+	if l.Transfer.Pending() {
+		k.transfer = leader.TransferRequest{To: l.Transfer.To, Reason: l.Transfer.Reason}
+	}
+	return k
 }
 
 func runWatch(a *app, ctx context.Context, args []string) int {
@@ -366,12 +455,10 @@ func runWatch(a *app, ctx context.Context, args []string) int {
 		// Look again when the lease runs out unless renewed (a follower's
 		// view of an expiry), and every --poll while no one leads or when
 		// the store gives no wake-ups.
+		// A request to hand over wakes no watcher: --poll finds it.
 		next := o.interval
 		if lease.Held() {
-			next = lease.Remaining + 5*time.Millisecond
-			if wake == nil {
-				next = min(next, o.interval)
-			}
+			next = min(lease.Remaining+5*time.Millisecond, o.interval)
 		}
 		if next <= 0 {
 			next = 2 * time.Second
@@ -383,8 +470,23 @@ func runWatch(a *app, ctx context.Context, args []string) int {
 func printWatchLine(w io.Writer, l leader.Lease, now time.Time) {
 	ts := now.Format("2006-01-02T15:04:05.000Z07:00")
 	if !l.Held() {
+		if l.Successor != "" {
+			fmt.Fprintf(w, "%s leader=none term=%d handed_to=%s\n", ts, l.Term, l.Successor)
+			return
+		}
 		fmt.Fprintf(w, "%s leader=none term=%d\n", ts, l.Term)
 		return
 	}
-	fmt.Fprintf(w, "%s leader=%s term=%d expires_at=%s\n", ts, l.HolderID, l.Term, l.ExpiresAt.Format(time.RFC3339Nano))
+	line := fmt.Sprintf("%s leader=%s term=%d expires_at=%s", ts, l.HolderID, l.Term, l.ExpiresAt.Format(time.RFC3339Nano))
+	if l.Reason != "" {
+		line += " reason=" + string(l.Reason)
+	}
+	if r := l.Transfer; r.Pending() {
+		to := r.To
+		if to == "" {
+			to = "best"
+		}
+		line += fmt.Sprintf(" transfer=pending transfer_to=%s transfer_reason=%s", to, r.Reason)
+	}
+	fmt.Fprintln(w, line)
 }

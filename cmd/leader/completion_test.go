@@ -113,7 +113,7 @@ func TestCompletion(t *testing.T) {
 			words string // the command line, the last word being completed
 			want  string
 		}{
-			{"leader ''", "run once status watch migrate demo version completion help"},
+			{"leader ''", "run once status watch transfer migrate demo version completion help"},
 			{"leader st", "status"},
 			{"leader --v", "--version"},
 			{"leader status --j", "--json"},

@@ -96,7 +96,7 @@ type command struct {
 var commands []*command
 
 func init() {
-	commands = []*command{runCommand, onceCommand, statusCommand, watchCommand, migrateCommand, demoCommand, versionCommand, completionCommand, demoChildCommand}
+	commands = []*command{runCommand, onceCommand, statusCommand, watchCommand, transferCommand, migrateCommand, demoCommand, versionCommand, completionCommand, demoChildCommand}
 }
 
 func lookupCommand(name string) *command {

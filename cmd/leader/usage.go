@@ -12,6 +12,7 @@ Usage:
   leader once    --name NAME [flags] -- CMD [ARGS...]   run CMD on one host per cron firing
   leader status  --name NAME [--json]                   show the current leader
   leader watch   --name NAME [--json]                   print a line each time the leader changes
+  leader transfer --name NAME [--to ID]                 ask the leader to hand over, to ID or the best
   leader migrate                                        create or update the PostgreSQL schema
   leader demo    [--store URL]                          watch a failover and a handover, live
   leader version                                        this binary's version and Go version (also --version)
@@ -49,7 +50,7 @@ Exit codes of the others:
            positive, missing --name or store, or --strategy advisory on a
            server that cannot serve it
 
-Every duration flag (--ttl, --grace, --window, --poll) takes a positive
+Every duration flag (--ttl, --grace, --window, --poll, --timeout) takes a positive
 Go duration such as 500ms, 15s or 2m; zero or less is refused (a usage error).
 
 Run "leader help COMMAND" or "leader COMMAND -h" for a command's flags and
