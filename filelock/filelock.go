@@ -14,13 +14,17 @@
 // names become file names):
 //
 //	<name>.state        the lease, as JSON: holder ID and token, pid, term,
-//	                    acquired/renewed/expires times
+//	                    acquired/renewed/expires times; the holder's priority,
+//	                    why it was granted, a pending request to hand over,
+//	                    or whom a released lease is reserved for (see Transfers)
 //	<name>.state.lock   flocked for a moment around every read-modify-write
 //	                    of the state (the "state lock")
 //	<name>.leader.lock  flocked by the holder for as long as it holds the
 //	                    lease (the "leader lock")
 //	<name>.state.tmp    the next state, for a moment before it is renamed
 //	                    over <name>.state
+//	<name>.candidates   the candidates enlisted for handovers (see Transfers),
+//	                    with <name>.candidates.tmp, its next version
 //
 // The state file is the truth. Acquire, Renew, Release and Observe each take
 // the state lock, read the state, decide, and replace the state atomically
@@ -83,6 +87,40 @@
 // ([DefaultPollInterval], 50ms, by default) are how it learns of changes,
 // and wake-ups come up to that late; it says nothing about it.
 //
+// # Transfers
+//
+// A Store implements [leader.Transferer], so its Electors can hand
+// leadership to a chosen candidate ([leader.Elector.Transfer],
+// [leader.RequestTransfer], Config.Priority). All of it lives in the name's
+// files, read and written under the state lock like the lease, so it works
+// across processes. A grant records in the state the holder's priority and
+// why it was granted (a released state names no holder, which tells a
+// release from an expiry or a dead holder). A request to hand over is kept
+// in the state with its expiry, until it lapses or a grant or a release ends
+// it; the holder's next Renew reports it. ReleaseTo writes a released state
+// reserved for the successor's token until the hold has passed, judged on
+// the clock that judges expiry: meanwhile Acquire grants the lease to the
+// successor alone (the next term, the handover's reason) and refuses every
+// other candidate, reporting the successor and the time the reservation has
+// left. The release wakes watchers as any release does, so the successor,
+// woken within a millisecond or so on Linux, takes the lease at once. The
+// enlisted candidates are kept in <name>.candidates, each entry with its
+// expiry. That file is replaced whole but not synced (it is soft state: a
+// file that a crash left torn reads as empty, and candidates enlist again
+// every TTL), and watchers ignore it, so enlisting costs one small write per
+// follower per TTL.
+//
+// The new fields left the state's format at version 1, so a binary that
+// predates transfers, still running on the host, reads the state as before;
+// mixed versions stay safe, but handovers involving old binaries may not
+// happen. An old binary ignores a reservation: its candidates may be granted
+// a reserved lease out of turn, but the state still names one holder, and
+// the successor is then refused like any other candidate. Its grants and
+// renewals drop the new fields: its leases report priority 0 and no reason,
+// and a request made of its Electors (which never hand over) is dropped at
+// their next renewal, and the requester then fails. Its candidates never
+// enlist, so nobody picks them as successors.
+//
 // # Clock
 //
 // Expiry is judged on the host's CLOCK_MONOTONIC on Linux: one clock that
@@ -124,7 +162,6 @@ import (
 	"time"
 
 	"github.com/leaderelect/leader"
-	"github.com/leaderelect/leader/internal/wallclock"
 )
 
 // ErrClosed is returned (wrapped) by every method of a Store after Close. From
@@ -166,9 +203,10 @@ func WithPollInterval(d time.Duration) Option {
 	return func(o *options) { o.pollInterval, o.pollSet = d, true }
 }
 
-// Store is a leader.Store kept in a directory on the local host. Create one
-// with Open; many Stores, in one process or many, may share a directory. A
-// Store's methods are safe for concurrent use. Close it when done.
+// Store is a leader.Store, and a leader.Transferer, kept in a directory on
+// the local host. Create one with Open; many Stores, in one process or many,
+// may share a directory. A Store's methods are safe for concurrent use.
+// Close it when done.
 type Store struct {
 	dir        string
 	poll       time.Duration // between checks of every watched name, without inotify
@@ -336,7 +374,13 @@ func (s *Store) Acquire(ctx context.Context, name string, c leader.Candidate, tt
 		return leader.Lease{}, false, s.errorf(op, name, err)
 	}
 	if held && st.Token != c.Token {
-		return st.lease(now), false, nil
+		return st.report(true, s.boot, now), false, nil
+	}
+	// A reserved state is released, so its holder was not found dead:
+	// freed is nil.
+	r := st.reservation(s.boot, now)
+	if r != nil && r.Token != c.Token {
+		return st.report(false, s.boot, now), false, nil
 	}
 
 	// Grant. The leader lock is this Store's already if c held the lease
@@ -372,6 +416,8 @@ func (s *Store) Acquire(ctx context.Context, name string, c leader.Candidate, tt
 		BootID:       s.boot,
 		RenewedClock: now.clock,
 		ExpiresClock: now.clock + int64(ttl),
+		Priority:     c.Priority,
+		Reason:       st.grantReason(held, r),
 	}
 	if err := writeState(e.base+stateSuffix, next, true); err != nil {
 		if lock != nil && lock != e.leader {
@@ -381,7 +427,7 @@ func (s *Store) Acquire(ctx context.Context, name string, c leader.Candidate, tt
 	}
 	e.leader, e.leaderToken = lock, c.Token
 	s.wake(name)
-	return next.lease(now), true, nil
+	return next.report(true, s.boot, now), true, nil
 }
 
 // Renew implements leader.Store. A holder granted the lease while the
@@ -423,11 +469,27 @@ func (s *Store) Renew(ctx context.Context, name, token string, term uint64, ttl 
 	if err := writeState(e.base+stateSuffix, st, false); err != nil {
 		return leader.Lease{}, s.errorf(op, name, writeError(err))
 	}
-	return st.lease(now), nil
+	return st.report(true, s.boot, now), nil
 }
 
 // Release implements leader.Store. It also gives up the name's leader lock.
 func (s *Store) Release(ctx context.Context, name, token string, term uint64) error {
+	return s.release(ctx, name, token, term, nil)
+}
+
+// handover is what ReleaseTo adds to a release: the successor to reserve
+// the lease for, the reason of its grant, and for how long.
+type handover struct {
+	to     leader.Candidate
+	reason leader.GrantReason
+	hold   time.Duration
+}
+
+// release frees the lease for name if token holds it under term, reserved
+// as h says if h is not nil, wakes the watchers, and gives up the leader
+// lock. The state keeps the term and the last grant's reason; a pending
+// request ends.
+func (s *Store) release(ctx context.Context, name, token string, term uint64, h *handover) error {
 	const op = "release"
 	e, stateLock, err := s.begin(ctx, op, name)
 	if err != nil {
@@ -444,7 +506,10 @@ func (s *Store) Release(ctx context.Context, name, token string, term uint64) er
 	}
 	// The term stays, so no directory sync: if a crash undid the rename,
 	// the old state would hold the same term.
-	free := state{Version: stateVersion, Name: name, Term: st.Term}
+	free := state{Version: stateVersion, Name: name, Term: st.Term, Reason: st.Reason}
+	if h != nil {
+		free.Reserved = &reservation{ID: h.to.ID, Token: h.to.Token, Reason: h.reason, period: newPeriod(s.boot, now, h.hold)}
+	}
 	if err := writeState(e.base+stateSuffix, free, false); err != nil {
 		return s.errorf(op, name, writeError(err))
 	}
@@ -458,7 +523,16 @@ func (s *Store) Release(ctx context.Context, name, token string, term uint64) er
 // Observe implements leader.Store. It reports a lease whose holder died as
 // free, and the holder's ID, term, acquired time and expiry otherwise.
 func (s *Store) Observe(ctx context.Context, name string) (leader.Lease, error) {
-	const op = "observe"
+	return s.judge(ctx, "observe", name, func(_ *entry, st *state, now reading, held bool) (leader.Lease, error) {
+		return st.report(held, s.boot, now), nil
+	})
+}
+
+// judge calls fn, under name's state lock, with the state, the time, and
+// whether the lease is held (see held), and returns what fn returns, its
+// error wrapped as op's. It grants nothing: a leader lock that held found
+// free is unlocked.
+func (s *Store) judge(ctx context.Context, op, name string, fn func(e *entry, st *state, now reading, held bool) (leader.Lease, error)) (leader.Lease, error) {
 	e, stateLock, err := s.begin(ctx, op, name)
 	if err != nil {
 		return leader.Lease{}, err
@@ -469,17 +543,15 @@ func (s *Store) Observe(ctx context.Context, name string) (leader.Lease, error) 
 	if err != nil {
 		return leader.Lease{}, s.errorf(op, name, err)
 	}
-	held, freed, err := s.held(e, &st, now)
-	if freed != nil {
-		err = errors.Join(err, unlockFile(freed))
-	}
+	held, err := s.alive(e, &st, now)
 	if err != nil {
 		return leader.Lease{}, s.errorf(op, name, err)
 	}
-	if !held {
-		return leader.Lease{Name: name, Term: st.Term}, nil
+	l, err := fn(e, &st, now, held)
+	if err != nil {
+		return l, s.errorf(op, name, err)
 	}
-	return st.lease(now), nil
+	return l, nil
 }
 
 // Names returns the election names that have state in the Store's
@@ -573,11 +645,10 @@ func (s *Store) load(e *entry) (state, reading, error) {
 	if err != nil {
 		return state{}, reading{}, err
 	}
-	clock, err := monotonicNow()
+	now, err := readNow()
 	if err != nil {
 		return state{}, reading{}, err
 	}
-	now := reading{clock: clock, wall: wallclock.Now()}
 	if e.leader != nil && e.leaderToken != st.Token {
 		if err := e.dropLeader(); err != nil {
 			return state{}, reading{}, err
@@ -605,6 +676,16 @@ func (s *Store) held(e *entry, st *state, now reading) (held bool, freed *os.Fil
 	return false, lock, nil // the holder's process is gone
 }
 
+// alive is held for a caller that grants nothing: it unlocks the leader
+// lock if held found it free. The caller holds the state lock.
+func (s *Store) alive(e *entry, st *state, now reading) (bool, error) {
+	held, freed, err := s.held(e, st, now)
+	if freed != nil {
+		err = errors.Join(err, unlockFile(freed))
+	}
+	return held, err
+}
+
 // holder judges st at now by the state alone: whether it names a holder
 // whose lease has time left (named), and if so whether that holder's life
 // must be checked by trying the leader lock (check): the holder recorded
@@ -622,10 +703,7 @@ func (s *Store) holder(e *entry, st *state, now reading) (named, check bool) {
 // this Store holds it for token and token no longer holds the lease. The
 // caller holds the state lock.
 func (s *Store) checkHolder(e *entry, st *state, now reading, token string, term uint64) error {
-	held, freed, err := s.held(e, st, now)
-	if freed != nil {
-		err = errors.Join(err, unlockFile(freed))
-	}
+	held, err := s.alive(e, st, now)
 	if err != nil {
 		return err
 	}

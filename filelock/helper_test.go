@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"testing"
@@ -21,6 +22,7 @@ const (
 	helperNameEnv = "FILELOCK_TEST_NAME"
 	helperIDEnv   = "FILELOCK_TEST_ID"
 	helperTTLEnv  = "FILELOCK_TEST_TTL"
+	helperModeEnv = "FILELOCK_TEST_MODE" // "elector" for electorMain
 )
 
 // helperMain is the child: it acquires the name, prints "granted <term>",
@@ -39,6 +41,9 @@ func helperMain() int {
 		return 2
 	}
 	defer s.Close()
+	if os.Getenv(helperModeEnv) == "elector" {
+		return electorMain(s, os.Getenv(helperNameEnv), os.Getenv(helperIDEnv), ttl)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
 	name, c := os.Getenv(helperNameEnv), newCandidate(os.Getenv(helperIDEnv))
@@ -65,17 +70,46 @@ func helperMain() int {
 	return 0
 }
 
+// electorMain is the child in elector mode: it runs an Elector for name on
+// s, printing "elected <term>" at each grant, until its standard input
+// closes, and returns the exit code.
+func electorMain(s *filelock.Store, name, id string, ttl time.Duration) int {
+	e, err := leader.New(s, leader.Config{
+		Name:   name,
+		ID:     id,
+		TTL:    ttl,
+		Logger: discardLogger(),
+		OnElected: func(ctx context.Context) {
+			term, _ := leader.TermFrom(ctx)
+			fmt.Printf("elected %d\n", term)
+		},
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 2
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	if err := e.Run(ctx); err != nil && ctx.Err() == nil {
+		fmt.Fprintln(os.Stderr, "helper: run:", err)
+		return 2
+	}
+	return 0
+}
+
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-// followChild runs an Elector with ID "parent" for "job" on s until the test
-// ends, and returns once it has seen the child holder lead. elected receives
-// the term of each grant to the parent.
-func followChild(t *testing.T, s leader.Store, ttl time.Duration) (e *leader.Elector, elected chan uint64) {
+// runElector runs an Elector with ID id for "job" on s until the test
+// ends. elected receives the term of each grant to it.
+func runElector(t *testing.T, s leader.Store, id string, ttl time.Duration) (e *leader.Elector, elected chan uint64) {
 	t.Helper()
-	elected = make(chan uint64, 1)
+	elected = make(chan uint64, 8)
 	e, err := leader.New(s, leader.Config{
 		Name:   "job",
-		ID:     "parent",
+		ID:     id,
 		TTL:    ttl,
 		Logger: discardLogger(),
 		OnElected: func(ctx context.Context) {
@@ -93,6 +127,15 @@ func followChild(t *testing.T, s leader.Store, ttl time.Duration) (e *leader.Ele
 		cancel()
 		<-done
 	})
+	return e, elected
+}
+
+// followChild runs an Elector with ID "parent" for "job" on s until the test
+// ends, and returns once it has seen the child holder lead. elected receives
+// the term of each grant to the parent.
+func followChild(t *testing.T, s leader.Store, ttl time.Duration) (e *leader.Elector, elected chan uint64) {
+	t.Helper()
+	e, elected = runElector(t, s, "parent", ttl)
 	deadline := time.Now().Add(waitTimeout)
 	for e.Status().Leader != "child" {
 		if time.Now().After(deadline) {

@@ -8,11 +8,14 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leaderelect/leader"
 )
 
 // holder is a child process holding a lease.
@@ -23,13 +26,14 @@ type holder struct {
 	term   uint64
 }
 
-// startHolder starts a child that acquires name in dir as id for ttl, and
-// waits until it has been granted the lease.
-func startHolder(t *testing.T, dir, name, id string, ttl time.Duration) *holder {
+// startChild starts this test binary again as a child (see helperMain)
+// with the environment env added, and returns it with a channel that
+// receives each line of its standard output. The child is killed when the
+// test ends.
+func startChild(t *testing.T, env ...string) (*holder, <-chan string) {
 	t.Helper()
 	h := &holder{cmd: exec.Command(os.Args[0], "-test.run=^$")}
-	h.cmd.Env = append(os.Environ(),
-		helperEnv+"=1", helperDirEnv+"="+dir, helperNameEnv+"="+name, helperIDEnv+"="+id, helperTTLEnv+"="+ttl.String())
+	h.cmd.Env = append(append(os.Environ(), helperEnv+"=1"), env...)
 	h.cmd.Stderr = &h.stderr
 	stdin, err := h.cmd.StdinPipe()
 	if err != nil {
@@ -45,27 +49,68 @@ func startHolder(t *testing.T, dir, name, id string, ttl time.Duration) *holder 
 	}
 	t.Cleanup(h.kill)
 
-	line := make(chan string, 1)
+	lines := make(chan string, 16)
 	go func() {
-		s, _ := bufio.NewReader(stdout).ReadString('\n')
-		line <- s
-		_, _ = io.Copy(io.Discard, stdout) // until the child exits
+		defer close(lines)
+		in := bufio.NewScanner(stdout) // until the child exits
+		for in.Scan() {
+			lines <- in.Text()
+		}
 	}()
+	return h, lines
+}
+
+// startHolder starts a child that acquires name in dir as id for ttl, and
+// waits until it has been granted the lease.
+func startHolder(t *testing.T, dir, name, id string, ttl time.Duration) *holder {
+	t.Helper()
+	h, lines := startChild(t, helperDirEnv+"="+dir, helperNameEnv+"="+name, helperIDEnv+"="+id, helperTTLEnv+"="+ttl.String())
+	h.term = h.awaitTerm(t, lines, "granted")
+	go func() {
+		for range lines { // "released"
+		}
+	}()
+	return h
+}
+
+// startElector starts a child that runs an Elector for name in dir as id
+// with ttl. The returned channel receives the term of each grant to it.
+func startElector(t *testing.T, dir, name, id string, ttl time.Duration) (*holder, <-chan uint64) {
+	t.Helper()
+	h, lines := startChild(t, helperModeEnv+"=elector",
+		helperDirEnv+"="+dir, helperNameEnv+"="+name, helperIDEnv+"="+id, helperTTLEnv+"="+ttl.String())
+	elected := make(chan uint64, 8)
+	go func() {
+		defer close(elected)
+		for s := range lines {
+			term, err := strconv.ParseUint(strings.TrimPrefix(s, "elected "), 10, 64)
+			if err == nil {
+				elected <- term
+			}
+		}
+	}()
+	return h, elected
+}
+
+// awaitTerm waits for the child's first line of output, "<what> <term>",
+// and returns the term.
+func (h *holder) awaitTerm(t *testing.T, lines <-chan string, what string) uint64 {
+	t.Helper()
 	timer := time.NewTimer(waitTimeout)
 	defer timer.Stop()
 	select {
-	case s := <-line:
-		term, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(s), "granted "), 10, 64)
+	case s := <-lines:
+		term, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(s), what+" "), 10, 64)
 		if err != nil {
 			h.kill()
-			t.Fatalf("child did not acquire the lease: stdout %q, stderr %q", s, h.stderr.String())
+			t.Fatalf("child did not print %q and a term: stdout %q, stderr %q", what, s, h.stderr.String())
 		}
-		h.term = term
+		return term
 	case <-timer.C:
 		h.kill()
-		t.Fatalf("child not granted the lease within %v; stderr %q", waitTimeout, h.stderr.String())
+		t.Fatalf("child did not print %q within %v; stderr %q", what, waitTimeout, h.stderr.String())
 	}
-	return h
+	return 0
 }
 
 // kill sends SIGKILL to the child and waits for it to exit.
@@ -215,5 +260,99 @@ func TestElectorTakesOverFromKilledProcess(t *testing.T) {
 		t.Logf("elector led %v after the leader process was killed (TTL %v)", time.Since(killed), ttl)
 	case <-timer.C:
 		t.Fatalf("elector not elected within %v of the leader's SIGKILL (TTL %v)", waitTimeout, ttl)
+	}
+}
+
+// TestTransferBetweenProcesses: leadership moves between processes to the
+// candidate named, with the next term and reason "transfer", while another
+// candidate waits: from an Elector of this process, by its Transfer, to a
+// leader in a child process, which takes it at once, woken by the release;
+// and back, by a request from any process (leader.RequestTransfer), which
+// the child acts on at its next renewal.
+func TestTransferBetweenProcesses(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	const ttl = 3 * time.Second
+	carol, carolElected := runElector(t, open(t, dir), "carol", ttl)
+	term := awaitElected(t, carolElected, 0, "carol")
+	_, childElected := startElector(t, dir, "job", "child", ttl)
+	_, bobElected := runElector(t, open(t, dir), "bob", ttl)
+	s := open(t, dir)
+	waitCandidates(t, s, "job", "bob", "child")
+
+	start := time.Now()
+	l, err := carol.Transfer(ctxT(t), "child")
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("carol's Transfer to the child: %v", err)
+	}
+	if l.HolderID != "child" || l.Term != term+1 || l.Reason != leader.GrantTransfer {
+		t.Fatalf("carol's Transfer returned holder %q term %d reason %q; want child, term %d, reason %q", l.HolderID, l.Term, l.Reason, term+1, leader.GrantTransfer)
+	}
+	awaitElected(t, childElected, term+1, "the child")
+	// The child learns of the release from the kernel (or a poll), not at
+	// the end of carol's lease.
+	if took > ttl/2 {
+		t.Errorf("carol's Transfer took %v; want well under the TTL (%v)", took, ttl)
+	}
+	t.Logf("carol handed over to the child process in %v (step-down, release, wake-up, grant)", took)
+
+	start = time.Now()
+	l, err = leader.RequestTransfer(ctxT(t), s, "job", "carol")
+	if err != nil {
+		t.Fatalf("RequestTransfer to carol: %v", err)
+	}
+	if l.HolderID != "carol" || l.Term != term+2 || l.Reason != leader.GrantTransfer {
+		t.Fatalf("RequestTransfer to carol returned holder %q term %d reason %q; want carol, term %d, reason %q", l.HolderID, l.Term, l.Reason, term+2, leader.GrantTransfer)
+	}
+	awaitElected(t, carolElected, term+2, "carol")
+	t.Logf("the child process handed back to carol %v after the request (TTL %v: the leader acts at its next renewal)", time.Since(start), ttl)
+	select {
+	case term := <-bobElected:
+		t.Fatalf("bob was elected (term %d) during handovers to others", term)
+	default:
+	}
+}
+
+// awaitElected waits for the next term on elected, which must be want
+// unless want is 0, and returns it.
+func awaitElected(t *testing.T, elected <-chan uint64, want uint64, who string) uint64 {
+	t.Helper()
+	timer := time.NewTimer(waitTimeout)
+	defer timer.Stop()
+	select {
+	case term, ok := <-elected:
+		if !ok {
+			t.Fatalf("%s exited before it was elected", who)
+		}
+		if want != 0 && term != want {
+			t.Fatalf("%s elected with term %d; want %d", who, term, want)
+		}
+		return term
+	case <-timer.C:
+		t.Fatalf("%s not elected within %v", who, waitTimeout)
+	}
+	return 0
+}
+
+// waitCandidates waits until the candidates of name on s include ids.
+func waitCandidates(t *testing.T, s leader.Transferer, name string, ids ...string) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		cands, err := s.Candidates(ctxT(t), name)
+		if err != nil {
+			t.Fatalf("Candidates: %v", err)
+		}
+		missing := slices.DeleteFunc(slices.Clone(ids), func(id string) bool {
+			return slices.ContainsFunc(cands, func(c leader.Candidate) bool { return c.ID == id })
+		})
+		if len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v not among the candidates within %v: %v", missing, waitTimeout, cands)
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/wallclock"
 )
 
 // Suffixes of the files kept for one name, after its encoded base name.
@@ -21,10 +22,17 @@ const (
 	stateLockSuffix  = ".state.lock"  // flocked around each read-modify-write of the state
 	stateSuffix      = ".state"       // the lease, as JSON
 	tempSuffix       = ".state.tmp"   // the next state, before it is renamed over the state
+
+	candidatesSuffix     = ".candidates"     // the enlisted candidates, as JSON
+	candidatesTempSuffix = ".candidates.tmp" // the next candidates, before the rename
 )
 
 // stateVersion is the format of the state files this package writes. A state
-// file of a later version is refused rather than misread.
+// file of a later version is refused rather than misread. The fields that
+// transfers added (priority, reason, transfer_request, reserved) kept it at
+// 1: readers that predate them ignore them, and an older binary still
+// running on the host must go on reading the state (see Transfers in the
+// package doc for what it makes of them).
 const stateVersion = 1
 
 // Limits of encoded names, so that every file name stays well under the 255
@@ -97,6 +105,49 @@ type state struct {
 	BootID       string `json:"boot_id,omitempty"`
 	RenewedClock int64  `json:"renewed_clock_ns,omitempty"`
 	ExpiresClock int64  `json:"expires_clock_ns,omitempty"`
+
+	// Transfers (see leader.Transferer). Priority is the holder's
+	// Candidate.Priority, as granted; Reason says why the current (or
+	// last) holder was granted the lease, and is kept by a release.
+	Priority int                `json:"priority,omitempty"`
+	Reason   leader.GrantReason `json:"reason,omitempty"`
+	// Request is the holder's pending request to hand over, if any; a
+	// grant or a release ends it.
+	Request *transferRequest `json:"transfer_request,omitempty"`
+	// Reserved is, in a released state (no Token), the successor that
+	// ReleaseTo reserved the lease for.
+	Reserved *reservation `json:"reserved,omitempty"`
+}
+
+// period is a span of time on the store's clock, as the files record it:
+// it began at the reading FromClock of Clock, taken during the boot BootID,
+// and ends at the reading UntilClock. Until is its end on the wall clock,
+// for people.
+type period struct {
+	Clock      string    `json:"clock,omitempty"`
+	BootID     string    `json:"boot_id,omitempty"`
+	FromClock  int64     `json:"from_clock_ns,omitempty"`
+	UntilClock int64     `json:"until_clock_ns"`
+	Until      time.Time `json:"until,omitzero"`
+}
+
+// transferRequest is a pending request that the holder hand over
+// (RequestTransfer), until the end of its period.
+type transferRequest struct {
+	To     string             `json:"to,omitempty"`
+	Reason leader.GrantReason `json:"reason"`
+	period
+}
+
+// reservation is a released lease's reservation for the successor whose
+// token is Token (ReleaseTo), until the end of its period: only the
+// successor is granted the lease meanwhile, and its grant's reason is
+// Reason.
+type reservation struct {
+	ID     string             `json:"id"`
+	Token  string             `json:"token"`
+	Reason leader.GrantReason `json:"reason"`
+	period
 }
 
 // reading is the store's "now": the monotonic clock that decides expiry
@@ -106,34 +157,103 @@ type reading struct {
 	wall  time.Time
 }
 
-// unexpired reports whether st's holder, if any, still has time left at now.
-// A state written during another boot has expired: every process that could
-// hold it has died since. So has one whose last renewal lies in the future
-// of a clock that restarts at boot, for a host without a known boot ID.
-func (st *state) unexpired(boot string, now reading) bool {
-	if st.BootID != "" && boot != "" && st.BootID != boot {
-		return false
+// readNow reads the store's "now".
+func readNow() (reading, error) {
+	clock, err := monotonicNow()
+	if err != nil {
+		return reading{}, err
 	}
-	if st.Clock != "" && st.Clock != clockName {
-		return false // written by a build judging another clock; cannot compare
-	}
-	if clockResetsAtBoot && now.clock < st.RenewedClock {
-		return false
-	}
-	return now.clock < st.ExpiresClock
+	return reading{clock: clock, wall: wallclock.Now()}, nil
 }
 
-// lease reports st as held at now. The caller has decided that it is held.
-func (st *state) lease(now reading) leader.Lease {
+// newPeriod returns the period of d from now, during boot.
+func newPeriod(boot string, now reading, d time.Duration) period {
+	return period{
+		Clock:      clockName,
+		BootID:     boot,
+		FromClock:  now.clock,
+		UntilClock: now.clock + int64(d),
+		Until:      now.wall.Add(d),
+	}
+}
+
+// left returns how long p has left at now, during boot, or zero. A period
+// recorded during another boot has ended: every process that recorded it
+// has died since. So has one that begins in the future of a clock that
+// restarts at boot, for a host without a known boot ID.
+func (p period) left(boot string, now reading) time.Duration {
+	if p.BootID != "" && boot != "" && p.BootID != boot {
+		return 0
+	}
+	if p.Clock != "" && p.Clock != clockName {
+		return 0 // written by a build judging another clock; cannot compare
+	}
+	if clockResetsAtBoot && now.clock < p.FromClock {
+		return 0
+	}
+	return max(0, time.Duration(p.UntilClock-now.clock))
+}
+
+// unexpired reports whether st's holder, if any, still has time left at now
+// (see period.left): from its last renewal to its expiry.
+func (st *state) unexpired(boot string, now reading) bool {
+	p := period{Clock: st.Clock, BootID: st.BootID, FromClock: st.RenewedClock, UntilClock: st.ExpiresClock}
+	return p.left(boot, now) > 0
+}
+
+// reservation returns the reservation of a released st that has time left
+// at now, or nil.
+func (st *state) reservation(boot string, now reading) *reservation {
+	if st.Token != "" || st.Reserved == nil || st.Reserved.left(boot, now) == 0 {
+		return nil
+	}
+	return st.Reserved
+}
+
+// grantReason says why a grant over st is made: held tells whether st is
+// held (by the grantee: a grant to itself), and r is the reservation for
+// the grantee, if any. A released state names no holder; one that does,
+// but is not held, expired or lost its holder.
+func (st *state) grantReason(held bool, r *reservation) leader.GrantReason {
+	switch {
+	case held || st.Term == 0:
+		return leader.GrantFirst
+	case r != nil:
+		return r.Reason
+	case st.Token == "":
+		return leader.GrantRelease
+	}
+	return leader.GrantExpiry
+}
+
+// report is how the Store reports st at now, during boot: held (as the
+// caller judged it) by its holder, with the pending request; or free,
+// with the reservation.
+func (st *state) report(held bool, boot string, now reading) leader.Lease {
+	if !held {
+		l := leader.Lease{Name: st.Name, Term: st.Term, Reason: st.Reason}
+		if r := st.reservation(boot, now); r != nil {
+			l.Successor, l.Reserved = r.ID, r.left(boot, now)
+		}
+		return l
+	}
 	remaining := time.Duration(st.ExpiresClock - now.clock)
-	return leader.Lease{
+	l := leader.Lease{
 		Name:       st.Name,
 		HolderID:   st.HolderID,
 		Term:       st.Term,
 		AcquiredAt: st.AcquiredAt,
 		ExpiresAt:  now.wall.Add(remaining),
 		Remaining:  remaining,
+		Priority:   st.Priority,
+		Reason:     st.Reason,
 	}
+	if r := st.Request; r != nil {
+		if left := r.left(boot, now); left > 0 {
+			l.Transfer = leader.TransferRequest{To: r.To, Reason: r.Reason, Remaining: left}
+		}
+	}
+	return l
 }
 
 // readState reads the state file of name at path. A missing file is a name
@@ -175,18 +295,32 @@ func parseState(path string) (state, error) {
 // survives a power loss; grants need that, because they raise the term and
 // a term must never go back.
 func writeState(path string, st state, durable bool) error {
-	b, err := json.MarshalIndent(st, "", "  ")
+	tmp := strings.TrimSuffix(path, stateSuffix) + tempSuffix
+	if err := replaceFile(path, tmp, st, true); err != nil {
+		return err
+	}
+	if durable {
+		return syncDir(filepath.Dir(path))
+	}
+	return nil
+}
+
+// replaceFile replaces the file at path with v as JSON, written to tmp and
+// renamed over path, so that readers see the old content or the new one,
+// never a torn file. With sync, it syncs tmp before the rename, so that a
+// crash cannot leave path torn or empty either.
+func replaceFile(path, tmp string, v any, sync bool) error {
+	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
 	b = append(b, '\n')
-	tmp := strings.TrimSuffix(path, stateSuffix) + tempSuffix
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
 	_, err = f.Write(b)
-	if err == nil {
+	if err == nil && sync {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -197,12 +331,8 @@ func writeState(path string, st state, durable bool) error {
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
-		return err
 	}
-	if durable {
-		return syncDir(filepath.Dir(path))
-	}
-	return nil
+	return err
 }
 
 // syncDir makes the renames in dir durable. Some file systems cannot sync a
