@@ -51,7 +51,7 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 				*wake = nil
 				continue
 			}
-			if time.Now().Before(notBefore) {
+			if time.Now().Before(notBefore) && !e.reservedForUs(ctx) {
 				continue // our own release; let the others take it
 			}
 			timer.Stop()
@@ -140,6 +140,23 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 		}
 		timer.Reset(wait)
 	}
+}
+
+// reservedForUs reports whether name's lease is free and reserved for a
+// candidate with this instance's ID: handed over to it (see
+// Transferer.ReleaseTo), which it takes at once even while it sits out
+// after a loss of its own; the store's Acquire then decides by token. It
+// asks the store once, and says false if the store cannot tell.
+func (e *Elector) reservedForUs(ctx context.Context) bool {
+	if _, ok := e.store.(Transferer); !ok {
+		return false
+	}
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, e.cfg.RenewInterval)
+	defer cancel()
+	l, err := e.store.Observe(cctx, e.cfg.Name)
+	e.recordCall("observe", start, err)
+	return err == nil && !l.Held() && l.Reserved > 0 && l.Successor == e.cfg.ID
 }
 
 // retryWait is how long a follower waits after its failures-th failed

@@ -20,6 +20,8 @@ type transferGroup struct {
 	name  string
 	h     *electortest.History
 	es    map[string]*leader.Elector
+	// tune, if set, changes the Config of each Elector that start starts.
+	tune func(*leader.Config)
 }
 
 func newTransferGroup(t *testing.T, name string, priorities map[string]int) *transferGroup {
@@ -37,6 +39,9 @@ func (g *transferGroup) start(t *testing.T, id string, p int) *leader.Elector {
 	cfg := testConfig(g.name, id)
 	cfg.Priority = p
 	cfg.OnElected, cfg.OnDemoted = g.h.Hooks(t, id)
+	if g.tune != nil {
+		g.tune(&cfg)
+	}
 	e, err := leader.New(g.store, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -152,6 +157,31 @@ func TestTransfer(t *testing.T) {
 		}
 		if st := g.es[id].Status(); st.Reason != leader.GrantRelease {
 			t.Errorf("the lease was taken after the reservation ran out with reason %q; want release", st.Reason)
+		}
+	})
+
+	t.Run("a lease handed back to a candidate that lost it a moment ago is taken at once, not after its sit-out", func(t *testing.T) {
+		t.Parallel()
+		// After a loss an Elector sits out RetryInterval (5s here) before
+		// it campaigns again, ignoring releases meanwhile: they are its
+		// own. A release reserved for it is not.
+		g := &transferGroup{store: leadertest.NewMemStore(), name: "back", es: map[string]*leader.Elector{}, h: newHistory()}
+		g.tune = func(c *leader.Config) { c.TTL, c.RetryInterval = 15*time.Second, 5*time.Second }
+		g.start(t, "a", 0)
+		g.start(t, "b", 0)
+		from, term := g.leader(t)
+		g.enlisted(t)
+		to := map[string]string{"a": "b", "b": "a"}[from]
+		if _, err := g.es[from].Transfer(callCtx(t), to); err != nil {
+			t.Fatalf("Transfer to %s: %v", to, err)
+		}
+		start := time.Now()
+		l, err := g.es[to].Transfer(callCtx(t), from)
+		if err != nil || l.HolderID != from || l.Term != term+2 {
+			t.Fatalf("Transfer back to %s = %+v, %v; want held by %s with term %d", from, l, err, from, term+2)
+		}
+		if took := time.Since(start); took > 2500*time.Millisecond {
+			t.Errorf("handing the lease back took %v: %s waited out its sit-out (5s) instead of taking it at once", took, from)
 		}
 	})
 
