@@ -25,6 +25,13 @@ import (
 // host fails the command instead of hanging it.
 const connectTimeout = 10 * time.Second
 
+// connectWithin returns how long a new connection of cfg may take: pgx
+// tries the hosts of a multi-host URL in turn, each for cfg.ConnectTimeout,
+// so a host that never answers must not use up the time of those after it.
+func connectWithin(cfg *pgconn.Config) time.Duration {
+	return max(connectTimeout, time.Duration(1+len(cfg.Fallbacks))*cfg.ConnectTimeout)
+}
+
 // postgresPool parses spec's URL and connects, returning the pool and a
 // secret-free identity of the database. Errors never quote the URL (pgx's
 // own connect errors name only user and database; parse errors are rebuilt
@@ -58,7 +65,7 @@ func postgresPool(ctx context.Context, spec storeSpec) (*pgxpool.Pool, string, e
 	if err != nil {
 		return nil, "", fmt.Errorf("connecting to %s: %w", spec.display, err)
 	}
-	pctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	pctx, cancel := context.WithTimeout(ctx, connectWithin(&cfg.ConnConfig.Config))
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
@@ -183,7 +190,7 @@ func checkTable(ctx context.Context, spec storeSpec, pool *pgxpool.Pool, what, s
 // spec.election, not one --strategy asked for: the messages then name the
 // election, and do not offer --strategy lease.
 func openAdvisory(ctx context.Context, spec storeSpec, pool *pgxpool.Pool, opts, full postgres.Options, recorded bool) (*postgres.AdvisoryStore, error) {
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	ctx, cancel := context.WithTimeout(ctx, connectWithin(&pool.Config().ConnConfig.Config)) // NewAdvisoryStore connects
 	defer cancel()
 	const pooler = "a connection pooler (such as PgBouncer in transaction mode: statements run in another server process than the one that accepted the connection)"
 	subject := "--strategy advisory"
