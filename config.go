@@ -137,6 +137,14 @@ type Config struct {
 	// (Elector.Transfer, RequestTransfer) do not wait for it. Default
 	// TTL; at least 0 and at most MaxTTL.
 	MinTenure time.Duration
+	// HandOverOnStop makes Run, when its context ends while this instance
+	// leads, hand the lease to the best other candidate (as
+	// Elector.Transfer with no candidate ID does) instead of releasing it:
+	// the successor starts at once while the others wait, and Run returns
+	// without campaigning again. With no other candidate, or a store that
+	// does not implement Transferer, Run releases as usual. The leader
+	// command's "run" sets it, so that SIGTERM hands over.
+	HandOverOnStop bool
 	// Logger receives the Elector's logs. Default slog.Default().
 	Logger *slog.Logger
 

@@ -29,12 +29,20 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 	var readOnlySince time.Time // the first of an unbroken run of ErrReadOnly, before any contact
 	// On a store that can hand leases over, a follower is among the
 	// candidates (enlisted again every TTL), so that a leader can pick it
-	// as its successor.
+	// as its successor: at once after a tenure (it may be handed the
+	// lease back while it sits out), else once an attempt has been
+	// answered without an error, so that an Enlist that succeeds does not
+	// count as contact before an Acquire that the store refuses for good
+	// (Run must then return that refusal at once).
 	ts, _ := e.store.(Transferer)
 	var enlist *time.Timer
 	var enlistC <-chan time.Time // nil unless ts is
+	enlisted := false
 	if ts != nil {
 		enlist = time.NewTimer(0)
+		if !e.contacted() {
+			enlist.Stop()
+		}
 		defer enlist.Stop()
 		enlistC = enlist.C
 	}
@@ -44,6 +52,7 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 			return Lease{}, time.Time{}, errStopped
 		case <-enlistC:
 			e.enlist(ctx, ts)
+			enlisted = true
 			enlist.Reset(e.cfg.TTL)
 			continue
 		case _, open := <-*wake:
@@ -120,6 +129,11 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 			}
 			failures = 0
 			e.observe(lease)
+			if ts != nil && !enlisted {
+				e.enlist(ctx, ts)
+				enlisted = true
+				enlist.Reset(e.cfg.TTL)
+			}
 			switch {
 			case lease.Held():
 				wait = lease.Remaining + e.expiryLag() + e.jitter()

@@ -39,6 +39,14 @@ type handoff struct {
 // it.
 func (e *Elector) enlistFor() time.Duration { return 3 * e.cfg.TTL }
 
+// reserveFor is how long a lease handed over stays reserved for its
+// successor: one RenewInterval. A successor that campaigns is woken by
+// the release and takes it within a round trip or two; one that was
+// killed (its entry among the candidates outlives it by up to
+// enlistFor) leaves a lease that any candidate may take once this has
+// passed, so a handover to it costs no more than this.
+func (e *Elector) reserveFor() time.Duration { return e.cfg.RenewInterval }
+
 // Transfer hands this instance's leadership over: to the candidate whose
 // ID is to, or, when to is "", to the best candidate (the highest
 // Config.Priority; among equals, any). The store must implement
@@ -50,7 +58,7 @@ func (e *Elector) enlistFor() time.Duration { return 3 * e.cfg.TTL }
 // then releases the lease reserved for the successor: the successor, woken
 // by the release, takes it at once with the next term, while the other
 // candidates wait. Transfer returns the lease as the successor holds it.
-// If the successor does not take it within one TTL (it stopped, or cannot
+// If the successor does not take it within one RenewInterval (it stopped, or cannot
 // reach the store), the reservation lapses and the lease is an ordinary
 // released one that any candidate may take: Transfer then returns an error
 // wrapping ErrTransferNotTaken. This instance campaigns again afterwards,
@@ -192,14 +200,14 @@ func (e *Elector) consider(ctx context.Context, ts Transferer, t *tenure, req Tr
 	return nil
 }
 
-// releaseTo releases the lease of term reserved for h.to, for one TTL,
+// releaseTo releases the lease of term reserved for h.to, for reserveFor,
 // best effort: if it fails the lease simply runs out. It answers h.call,
 // if any.
 func (e *Elector) releaseTo(ctx context.Context, ts Transferer, term uint64, h *handoff) bool {
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewInterval)
 	defer cancel()
-	err := ts.ReleaseTo(rctx, e.cfg.Name, e.cand.Token, term, h.to, h.reason, e.cfg.TTL)
+	err := ts.ReleaseTo(rctx, e.cfg.Name, e.cand.Token, term, h.to, h.reason, e.reserveFor())
 	e.recordCall("release", start, err)
 	if h.call != nil {
 		out := transferOutcome{term: term, successor: h.to}

@@ -221,6 +221,14 @@ var renewModes = []struct {
 	{"renewed in batches", func(f *faultStore) leader.Store { return batchFaultStore{f} }},
 }
 
+// transferFaultStore is a faultStore that can hand leases over through
+// ts, whose Transferer calls never fail: its faults apply to the Store's
+// calls alone.
+type transferFaultStore struct {
+	*faultStore
+	leader.Transferer
+}
+
 // batchFaultStore is a faultStore that renews in batches, each lease of a
 // batch by faultStore.Renew, so that its faults apply.
 type batchFaultStore struct{ *faultStore }

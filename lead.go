@@ -215,6 +215,13 @@ loop:
 	for {
 		select {
 		case <-ctx.Done():
+			if e.cfg.HandOverOnStop && ts != nil {
+				if to, err := e.successor(ctx, ts, "", nil); err == nil {
+					handover = &handoff{to: to, reason: GrantTransfer}
+				} else {
+					e.log.Info("no other candidate to hand over to; releasing", slog.Any("error", err))
+				}
+			}
 			reason = stop(LossShutdown)
 			break loop
 		case req := <-e.resignCh:
@@ -301,6 +308,10 @@ loop:
 		resigned <- nil
 	}
 	e.awaitElected(electedDone, deadline)
+	if time.Now().After(deadline) && reason != LossExpired {
+		e.log.Error("leader work stopped after the local deadline; another instance may have started before it ended",
+			slog.Uint64("term", term))
+	}
 	// Not ours to release, or the store refuses writes.
 	releasing := !released && reason != LossExpired && reason != LossError
 	// A renewal in flight is let finish before the release: cancelled, it
@@ -315,10 +326,6 @@ loop:
 		wait = min(e.cfg.RenewInterval, time.Until(deadline))
 	}
 	r.finish(t, wait)
-	if time.Now().After(deadline) && reason != LossExpired {
-		e.log.Error("leader work stopped after the local deadline; another instance may have started before it ended",
-			slog.Uint64("term", term))
-	}
 
 	switch {
 	case !releasing:
@@ -328,7 +335,7 @@ loop:
 		e.observe(Lease{Name: e.cfg.Name})
 	case handover != nil:
 		if e.releaseTo(ctx, ts, term, handover) {
-			e.observe(Lease{Name: e.cfg.Name, Term: term, Successor: handover.to.ID, Reserved: e.cfg.TTL})
+			e.observe(Lease{Name: e.cfg.Name, Term: term, Successor: handover.to.ID, Reserved: e.reserveFor()})
 		}
 	default:
 		if e.release(ctx, term) {

@@ -60,6 +60,25 @@ func TestPermanentErrors(t *testing.T) {
 		t.Logf("Run returned after %v: %v", time.Since(start), err)
 	})
 
+	t.Run("before any contact Run returns a permanent error at once, also when enlisting as a candidate succeeds", func(t *testing.T) {
+		t.Parallel()
+		for range 5 { // the enlistment must never race the first attempt
+			mem := leadertest.NewMemStore()
+			fs := newFaultStore(mem)
+			fs.set(func(f *faultStore) { f.failWith = errMisconfigured })
+			cfg := testConfig("perm-transfer", "a")
+			cfg.TTL, cfg.RetryInterval = 30*time.Second, 10*time.Second
+			e, err := leader.New(transferFaultStore{fs, mem}, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = runUntilReturns(t, e, 5*time.Second)
+			if !errors.Is(err, leader.ErrPermanent) {
+				t.Fatalf("Run = %v; want the store's error, wrapping ErrPermanent", err)
+			}
+		}
+	})
+
 	t.Run("before any contact other errors are retried", func(t *testing.T) {
 		t.Parallel()
 		store := newFaultStore(leadertest.NewMemStore())

@@ -22,6 +22,8 @@ type transferGroup struct {
 	es    map[string]*leader.Elector
 	// tune, if set, changes the Config of each Elector that start starts.
 	tune func(*leader.Config)
+	// stops ends the Run of each Elector, by ID.
+	stops map[string]func()
 }
 
 func newTransferGroup(t *testing.T, name string, priorities map[string]int) *transferGroup {
@@ -47,7 +49,10 @@ func (g *transferGroup) start(t *testing.T, id string, p int) *leader.Elector {
 		t.Fatal(err)
 	}
 	g.es[id] = e
-	runElector(t, e)
+	if g.stops == nil {
+		g.stops = map[string]func(){}
+	}
+	g.stops[id] = runElector(t, e)
 	return e
 }
 
@@ -134,9 +139,13 @@ func TestTransfer(t *testing.T) {
 		}
 	})
 
-	t.Run("a successor that never takes the lease lets it go to the others after one TTL", func(t *testing.T) {
+	t.Run("a successor that never takes the lease lets it go to the others after one RenewInterval", func(t *testing.T) {
 		t.Parallel()
-		g := newTransferGroup(t, "silent", map[string]int{"a": 0, "b": 0})
+		// TTL 6s: the reservation lasts a RenewInterval, 2s.
+		g := &transferGroup{store: leadertest.NewMemStore(), name: "silent", es: map[string]*leader.Elector{}, h: newHistory()}
+		g.tune = func(c *leader.Config) { c.TTL = 6 * time.Second }
+		g.start(t, "a", 0)
+		g.start(t, "b", 0)
 		from, term := g.leader(t)
 		g.enlisted(t)
 		ghost := leader.Candidate{ID: "ghost", Token: "ghost-token"}
@@ -148,8 +157,8 @@ func TestTransfer(t *testing.T) {
 		if !errors.Is(err, leader.ErrTransferNotTaken) {
 			t.Fatalf("Transfer to a candidate that never takes the lease: %v; want ErrTransferNotTaken", err)
 		}
-		if took := time.Since(start); took < time.Second/2 {
-			t.Errorf("Transfer gave up on the successor after %v; its reservation lasts a TTL (1s)", took)
+		if took := time.Since(start); took < 1500*time.Millisecond || took > 4*time.Second {
+			t.Errorf("Transfer gave up on the successor after %v; its reservation lasts a RenewInterval (2s), not a TTL (6s)", took)
 		}
 		id, next := g.leader(t)
 		if next <= term {
@@ -182,6 +191,48 @@ func TestTransfer(t *testing.T) {
 		}
 		if took := time.Since(start); took > 2500*time.Millisecond {
 			t.Errorf("handing the lease back took %v: %s waited out its sit-out (5s) instead of taking it at once", took, from)
+		}
+	})
+
+	t.Run("with HandOverOnStop, a leader whose Run ends hands over to the best candidate and campaigns no more", func(t *testing.T) {
+		t.Parallel()
+		g := &transferGroup{store: leadertest.NewMemStore(), name: "stop", es: map[string]*leader.Elector{}, h: newHistory()}
+		g.tune = func(c *leader.Config) { c.HandOverOnStop = true }
+		g.start(t, "a", 5)
+		_, term := g.leader(t)
+		g.start(t, "b", 3)
+		g.start(t, "c", 4)
+		g.enlisted(t)
+		g.stops["a"]() // Run returns once the lease is handed over
+		eventually(t, 5*time.Second, "c to lead", func() bool { return g.es["c"].IsLeader() })
+		if st := g.es["c"].Status(); st.Term != term+1 || st.Reason != leader.GrantTransfer {
+			t.Fatalf("after a's Run ended, c's Status = %+v; want term %d, reason transfer (c's priority 4 is the best left)", st, term+1)
+		}
+		cands, err := g.store.Candidates(t.Context(), g.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cands {
+			if c.ID == "a" {
+				t.Errorf("a is still among the candidates after its Run ended: %+v", cands)
+			}
+		}
+		eventually(t, 5*time.Second, "c's OnElected", func() bool { return len(g.h.Elections()) >= 2 })
+		if els := g.h.Elections(); len(els) != 2 || els[1].Instance != "c" {
+			t.Fatalf("elections %v; want a's, then c's", els)
+		}
+	})
+
+	t.Run("with HandOverOnStop and no other candidate, Run releases as usual", func(t *testing.T) {
+		t.Parallel()
+		g := &transferGroup{store: leadertest.NewMemStore(), name: "alone", es: map[string]*leader.Elector{}, h: newHistory()}
+		g.tune = func(c *leader.Config) { c.HandOverOnStop = true }
+		g.start(t, "a", 0)
+		_, term := g.leader(t)
+		g.stops["a"]()
+		l, err := g.store.Observe(t.Context(), g.name)
+		if err != nil || l.Held() || l.Term != term || l.Reserved != 0 {
+			t.Fatalf("after the only candidate's Run ended, the lease is %+v, %v; want released, not reserved, term %d", l, err, term)
 		}
 	})
 
