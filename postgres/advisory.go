@@ -134,6 +134,18 @@ import (
 // that then comes while lock waiters hold the lock shared waits for them
 // in the lock's queue (at most 100 ms).
 //
+// # Handovers
+//
+// ReleaseTo (see Transfers in the package documentation) clears the row,
+// recording there the successor it reserves the lease for, and unlocks, in
+// one round trip, as Release does; the unlock frees the holder's mark, and
+// the lock waiters wake the followers. A follower whose grant statement
+// finds the lease reserved for another candidate does not try the lock:
+// the lock stays free for the successor, and no lock waiter sees a holder
+// come and go. The successor that this store handed over to does not wait
+// for the attempts of the store's other candidates of the name (see
+// Acquire).
+//
 // # Keys
 //
 // The lock's 64-bit key is Options.Key(name), by default AdvisoryKey(name).
@@ -155,12 +167,14 @@ type AdvisoryStore struct {
 	config *pgx.ConnConfig // for sessions and lock waiters
 	sql    advisoryStatements
 	wakeups
+	candidates
 
 	smu      sync.Mutex
 	sessions map[sessionKey]*session
 	waiters  map[string]*lockWaiter
 	freed    map[string]freeing // the last freeing each lock waiter saw
 	flights  map[string]*flight // attempts in progress, by name
+	handoffs map[string]handoff // the handovers made here, by name (see flight)
 	closing  bool
 	bg       sync.WaitGroup     // the reaper and the lock waiters
 	stopBg   context.CancelFunc // stops the reaper
@@ -183,6 +197,7 @@ var (
 	_ leader.Store        = (*AdvisoryStore)(nil)
 	_ leader.LossNotifier = (*AdvisoryStore)(nil)
 	_ leader.FreeWatcher  = (*AdvisoryStore)(nil)
+	_ leader.Transferer   = (*AdvisoryStore)(nil)
 )
 
 // Timing of the advisory store.
@@ -270,6 +285,8 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		waiters:     make(map[string]*lockWaiter),
 		freed:       make(map[string]freeing),
 		flights:     make(map[string]*flight),
+		handoffs:    make(map[string]handoff),
+		candidates:  newCandidates(own, opts, StrategyAdvisory),
 		sessionIdle: sessionIdle,
 		settleWait:  settleWait,
 		queueWait:   queueWait,
@@ -376,20 +393,29 @@ func (s *AdvisoryStore) Observe(ctx context.Context, name string) (leader.Lease,
 		held       bool
 		locked     bool
 		remaining  time.Duration
+		transfer   transferRow
 	)
-	err := s.pool.QueryRow(ctx, s.sql.observe, name, hi, lo).Scan(&term, &holderID, &acquiredAt, &ttl, &held, &locked, &remaining)
+	err := s.pool.QueryRow(ctx, s.sql.observe, name, hi, lo).
+		Scan(append([]any{&term, &holderID, &acquiredAt, &ttl, &held, &locked, &remaining}, transfer.dest()...)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return leader.Lease{Name: name}, nil
 	}
 	if err != nil {
 		return leader.Lease{}, wrapError(ctx, call("observe", name), err)
 	}
+	return observed(name, term, holderID, acquiredAt, held, remaining, transfer), nil
+}
+
+// observed reports, as a leader.Lease, the lease of name as observeRow
+// reads it.
+func observed(name string, term int64, holderID string, acquiredAt *time.Time, held bool, remaining time.Duration, transfer transferRow) leader.Lease {
 	l := leader.Lease{Name: name, Term: uint64(term)}
 	if held && remaining > 0 && acquiredAt != nil {
 		l.HolderID, l.AcquiredAt, l.Remaining = holderID, *acquiredAt, remaining
 		l.ExpiresAt = wallclock.Now().Add(remaining)
 	}
-	return l, nil
+	transfer.apply(&l)
+	return l
 }
 
 // Lost implements leader.LossNotifier: the channel is closed as soon as the

@@ -21,12 +21,22 @@ import (
 // without another heartbeat. A candidate that calls while another
 // candidate of the same name on this store is trying waits for that
 // attempt; once one that began after its call has ended with the lease
-// held, it is refused with that outcome, without a statement of its own.
+// held, or reserved for another candidate, it is refused with that
+// outcome, without a statement of its own. A successor to which this
+// store handed the lease over (ReleaseTo) does not wait for the others'
+// attempts.
+//
+// A lease released and reserved for another candidate (see ReleaseTo) is
+// refused without trying the lock, reporting the successor and how long
+// the reservation has left (Lease.Successor and Reserved).
 func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
 	const op = "acquire"
 	if err := checkTTL(op, name, ttl); err != nil {
+		return leader.Lease{}, false, err
+	}
+	if err := checkPriority(op, name, c); err != nil {
 		return leader.Lease{}, false, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -42,13 +52,13 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 		var f *flight
 		if !ss.isHeld() {
 			var lead bool
-			if f, lead = s.flight(name); !lead {
+			if f, lead = s.flight(name, c.Token); !lead {
 				select {
 				case <-f.done:
 				case <-ctx.Done():
 					return leader.Lease{}, false, fmt.Errorf("postgres: %s: %w", call(op, name), ctx.Err())
 				}
-				if l, ok := f.refusal(called); ok {
+				if l, ok := f.refusal(called, c.ID); ok {
 					return l, false, nil
 				}
 				continue
@@ -81,6 +91,9 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 		case err != nil:
 			return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
 		}
+		if granted {
+			s.handedOver(name, nil) // the reservation, if any, is over
+		}
 		if announce {
 			s.notifyLater(ss, l.Term, false)
 		}
@@ -104,10 +117,21 @@ type flight struct {
 }
 
 // flight returns name's flight in progress, or starts one that the caller
-// leads (lead), which it must end with land.
-func (s *AdvisoryStore) flight(name string) (f *flight, lead bool) {
+// leads (lead), which it must end with land. A candidate whose token this
+// store handed the lease to (see handedOver) leads no flight and joins
+// none (f nil, lead true): the others' attempts, refused, would only
+// delay its grant.
+func (s *AdvisoryStore) flight(name, token string) (f *flight, lead bool) {
 	s.smu.Lock()
 	defer s.smu.Unlock()
+	if h, ok := s.handoffs[name]; ok {
+		switch {
+		case time.Now().After(h.until):
+			delete(s.handoffs, name)
+		case h.token == token:
+			return nil, true
+		}
+	}
 	if f := s.flights[name]; f != nil {
 		return f, false
 	}
@@ -128,21 +152,46 @@ func (s *AdvisoryStore) land(f *flight, l leader.Lease, err error) {
 	close(f.done)
 }
 
-// refusal returns, for a candidate that called Acquire at called, the
-// refusal that f's outcome means for it, if it means one: f began after
-// the call, so what f saw is an answer to the call too, and f ended with
-// the lease held (by f's candidate or by another). Its Remaining is as of
-// now. Otherwise the candidate must try for itself.
-func (f *flight) refusal(called time.Time) (leader.Lease, bool) {
-	if f.err != nil || f.began.Before(called) || !f.lease.Held() {
+// refusal returns, for the candidate id that called Acquire at called,
+// the refusal that f's outcome means for it, if it means one: f began
+// after the call, so what f saw is an answer to the call too, and f ended
+// with the lease held (by f's candidate or by another), or reserved for a
+// candidate of another ID. Its Remaining (or Reserved) is as of now.
+// Otherwise the candidate must try for itself.
+func (f *flight) refusal(called time.Time, id string) (leader.Lease, bool) {
+	if f.err != nil || f.began.Before(called) {
 		return leader.Lease{}, false
 	}
-	l := f.lease
-	l.Remaining -= time.Since(f.landed)
-	if l.Remaining <= 0 {
-		return leader.Lease{}, false
+	l, since := f.lease, time.Since(f.landed)
+	switch {
+	case l.Held():
+		l.Remaining -= since
+		return l, l.Remaining > 0
+	case l.Successor != "" && l.Successor != id:
+		l.Reserved -= since
+		return l, l.Reserved > 0
 	}
-	return l, true
+	return leader.Lease{}, false
+}
+
+// handoff is a handover that this store made (ReleaseTo): the token of
+// the successor, and until when (on this process's clock, a little after
+// the server's) the lease is reserved for it.
+type handoff struct {
+	token string
+	until time.Time
+}
+
+// handedOver records that this store handed name over (h), or, if h is
+// nil, that name's reservation is over (a grant ended it).
+func (s *AdvisoryStore) handedOver(name string, h *handoff) {
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	if h == nil {
+		delete(s.handoffs, name)
+		return
+	}
+	s.handoffs[name] = *h
 }
 
 // acquireOn runs the grant (or re-grant) on the session's connection; the
@@ -158,13 +207,13 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 			acquiredAt time.Time
 			n          int64
 		)
-		err := conn.QueryRow(ctx, s.sql.regrant, name, c.Token, c.ID, iv, ms, idle, every, s.opts.Channel, hi, lo).
+		err := conn.QueryRow(ctx, s.sql.regrant, name, c.Token, c.ID, iv, ms, idle, every, s.opts.Channel, hi, lo, int32(c.Priority)).
 			Scan(&term, &acquiredAt, &n)
 		switch {
 		case err == nil:
 			ss.grant(uint64(term), c.ID)
 			return leader.Lease{Name: name, HolderID: c.ID, Term: uint64(term), AcquiredAt: acquiredAt,
-				ExpiresAt: acquiredAt.Add(ttl), Remaining: ttl}, true, false, nil
+				ExpiresAt: acquiredAt.Add(ttl), Remaining: ttl, Priority: c.Priority, Reason: leader.GrantFirst}, true, false, nil
 		case errors.Is(err, pgx.ErrNoRows):
 			// The session no longer holds the row or the lock (someone
 			// changed the row by hand?): close it, freeing whatever it
@@ -214,7 +263,11 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 			// session, which frees it.
 			return leader.Lease{}, false, false, errors.Join(errSessionReset, err)
 		}
-		if !r.got && !r.locked && !queued {
+		if r.reserved && !r.got {
+			// Reserved for another candidate: refused, holding nothing.
+			return r.lease(name, c.ID, ttl), false, false, nil
+		}
+		if !r.got && !r.locked && !queued && !r.raced {
 			queued = true
 			took, err := s.queue(ctx, conn, ss.key)
 			if err != nil {
@@ -226,10 +279,15 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 				if r, err = s.grantOn(ctx, conn, ss, name, c, s.sql.grantLocked, iv, ms, idle, every, hi, lo); err != nil {
 					return leader.Lease{}, false, false, errors.Join(errSessionReset, err)
 				}
-				if !r.got {
+				if !r.got && !r.raced {
 					return leader.Lease{}, false, false, errors.Join(errSessionReset, errors.New("the lock, taken, is not held"))
 				}
 			}
+		}
+		if r.raced && attempt < settleAttempts {
+			// A handover reserved the lease after the statement's
+			// snapshot: the next one sees the reservation.
+			continue
 		}
 		if r.inGrace {
 			return leader.Lease{Name: name}, false, false, nil
@@ -378,6 +436,9 @@ type grantResult struct {
 	mine                      bool   // the strategy table gives the name to this strategy
 	epochOK                   bool   // no failover grace holds grants off (see epochCTEs)
 	inGrace                   bool   // refused for the grace after a failover; the lock let go
+	reserved                  bool   // the snapshot shows the lease reserved for another candidate
+	raced                     bool   // the lock taken, and let go: reserved for another since the snapshot
+	transfer                  transferRow
 }
 
 func (r grantResult) granted() bool { return r.got && r.term != nil }
@@ -387,7 +448,7 @@ func (r grantResult) granted() bool { return r.got && r.term != nil }
 func (r grantResult) lease(name, holderID string, ttl time.Duration) leader.Lease {
 	if r.granted() {
 		return leader.Lease{Name: name, HolderID: holderID, Term: uint64(*r.term), AcquiredAt: *r.acquiredAt,
-			ExpiresAt: r.acquiredAt.Add(ttl), Remaining: ttl}
+			ExpiresAt: r.acquiredAt.Add(ttl), Remaining: ttl, Priority: r.transfer.holderPriority(), Reason: r.transfer.grantReason()}
 	}
 	l := leader.Lease{Name: name}
 	if r.curTerm != nil {
@@ -397,6 +458,7 @@ func (r grantResult) lease(name, holderID string, ttl time.Duration) leader.Leas
 		l.HolderID, l.AcquiredAt, l.Remaining = *r.curHolder, *r.curAcquiredAt, r.remaining
 		l.ExpiresAt = wallclock.Now().Add(r.remaining) // for display; decisions use Remaining
 	}
+	r.transfer.apply(&l)
 	return l
 }
 
@@ -408,8 +470,9 @@ func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session
 		r grantResult
 		n int64
 	)
-	err := conn.QueryRow(ctx, stmt, name, ss.key, c.Token, c.ID, iv, ms, idle, every, hi, lo).
-		Scan(&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining, &r.locked, &r.unreleased, &r.previousPID, &r.marked, &r.mine, &r.epochOK)
+	err := conn.QueryRow(ctx, stmt, name, ss.key, c.Token, c.ID, iv, ms, idle, every, hi, lo, int32(c.Priority)).
+		Scan(append([]any{&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining,
+			&r.locked, &r.unreleased, &r.previousPID, &r.marked, &r.mine, &r.epochOK, &r.reserved}, r.transfer.dest()...)...)
 	if err != nil {
 		if sqlState(err) == "23505" { // unique_violation: the key, taken by another name at the same moment
 			return r, fmt.Errorf("advisory key %d of %q is used by another election name (raced for its first grant); give one of them another key with Options.Key: %w",
@@ -433,6 +496,13 @@ func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session
 		if !r.epochOK && r.other == nil {
 			// A failover's grace (see epochCTEs): refused, the lock let go.
 			r.got, r.inGrace = false, true
+			return r, nil
+		}
+		if r.other == nil {
+			// The row, as it stood once locked, was reserved for
+			// another candidate: a handover committed after the
+			// statement's snapshot. Refused, the lock let go.
+			r.got, r.raced = false, true
 			return r, nil
 		}
 		return r, fmt.Errorf("advisory key %d of %q is already used by election %q (a hash collision, or the same Options.Key given twice); give one of them another key with Options.Key, or delete the unused name's row from %s",

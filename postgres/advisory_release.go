@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,6 +19,34 @@ import (
 // advisoryStatements.releaseNotice). The session stays open for the next
 // campaign.
 func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term uint64) error {
+	return s.release(ctx, name, token, term, nil)
+}
+
+// ReleaseTo implements leader.Transferer. It is Release, with the
+// reservation of the freed lease for successor's token until hold has
+// passed on the server's clock recorded by the statement that clears the
+// row: the same round trip. The unlock wakes the lock waiters of the
+// name, and they its followers: the successor takes the lock and is
+// granted the lease; the others, finding the reservation in the row, are
+// refused without trying the lock (see Acquire).
+func (s *AdvisoryStore) ReleaseTo(ctx context.Context, name, token string, term uint64, successor leader.Candidate, reason leader.GrantReason, hold time.Duration) error {
+	if err := checkHandover(name, term, successor, reason, hold); err != nil {
+		return err
+	}
+	return s.release(ctx, name, token, term, &reservation{to: successor, reason: reason, hold: hold})
+}
+
+// reservation is what ReleaseTo adds to a release: the successor the
+// lease is reserved for, the reason of its grant, and for how long.
+type reservation struct {
+	to     leader.Candidate
+	reason leader.GrantReason
+	hold   time.Duration
+}
+
+// release frees the lease of name held by token under term on its
+// session (see Release), reserved as h says if h is not nil.
+func (s *AdvisoryStore) release(ctx context.Context, name, token string, term uint64, h *reservation) error {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
 	const op = "release"
@@ -25,6 +54,9 @@ func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term ui
 		return fmt.Errorf("postgres: %s: %w", call(op, name), err)
 	}
 	lost := fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+	if h != nil {
+		lost = fmt.Errorf("postgres: %s %q term %d to %s: %w", op, name, term, h.to.ID, leader.ErrLeaseLost)
+	}
 	ss := s.heldSession(name, token, term)
 	if ss == nil {
 		return lost
@@ -33,7 +65,7 @@ func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term ui
 		if !ss.heldUnder(term) {
 			return errNotHeld
 		}
-		released, unlocked, err := s.releaseOn(ctx, conn, name, token, term, ss.key)
+		released, unlocked, err := s.releaseOn(ctx, conn, name, token, term, ss.key, h)
 		switch {
 		case err != nil:
 			// Whether the row was released and the lock freed is unknown:
@@ -53,6 +85,9 @@ func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term ui
 	})
 	switch {
 	case err == nil:
+		if h != nil {
+			s.handedOver(name, &handoff{token: h.to.Token, until: time.Now().Add(h.hold)})
+		}
 		s.notifyLater(ss, term, true)
 		return nil
 	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
@@ -76,13 +111,18 @@ func endedByServer(err error) bool {
 
 // releaseOn runs the release's two statements on the holder's
 // connection, in one round trip: each is a transaction of its own, so the
-// row is free before the lock is (see advisoryStatements.release). The
-// unlock runs even if the first
+// row is free (and reserved as h says, if h is not nil) before the lock is
+// (see advisoryStatements.release). The unlock runs even if the first
 // statement failed or released nothing; the caller then closes the
 // session anyway.
-func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, token string, term uint64, key int64) (released, unlocked bool, err error) {
+func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, token string, term uint64, key int64, h *reservation) (released, unlocked bool, err error) {
+	args := [][]byte{[]byte(name), []byte(token), strconv.AppendUint(nil, term, 10), nil, nil, nil, nil}
+	if h != nil {
+		args[3], args[4], args[5] = []byte(h.to.Token), []byte(h.to.ID), []byte(h.reason)
+		args[6] = strconv.AppendInt(nil, int64(interval(h.hold)/time.Microsecond), 10)
+	}
 	p := conn.PgConn().StartPipeline(ctx)
-	p.SendQueryParams(s.sql.release, [][]byte{[]byte(name), []byte(token), strconv.AppendUint(nil, term, 10)}, nil, nil, nil)
+	p.SendQueryParams(s.sql.release, args, nil, nil, nil)
 	p.SendPipelineSync()
 	p.SendQueryParams(s.sql.unlock, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil, nil)
 	p.SendPipelineSync()

@@ -14,11 +14,12 @@ import (
 
 // Renew implements leader.Store. It is the holder's heartbeat: one statement
 // on its session that checks that the session still holds the lock and the
-// row under term, and re-arms the server's timeouts for ttl (see the type's
-// documentation). If the session has ended, or a heartbeat fails and
-// leaves the session's state unknown, the session is closed and Renew
-// returns an error wrapping leader.ErrLeaseLost: the lock cannot be renewed
-// from another session.
+// row under term, re-arms the server's timeouts for ttl (see the type's
+// documentation), and reads from the row the holder's priority, the reason
+// of its grant and any pending request to hand over. If the session has
+// ended, or a heartbeat fails and leaves the session's state unknown, the
+// session is closed and Renew returns an error wrapping
+// leader.ErrLeaseLost: the lock cannot be renewed from another session.
 func (s *AdvisoryStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
@@ -34,7 +35,10 @@ func (s *AdvisoryStore) Renew(ctx context.Context, name, token string, term uint
 	if ss == nil {
 		return leader.Lease{}, lost
 	}
-	var acquiredAt time.Time
+	var (
+		acquiredAt time.Time
+		transfer   transferRow
+	)
 	err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {
 		if !ss.heldUnder(term) {
 			return errNotHeld
@@ -42,7 +46,8 @@ func (s *AdvisoryStore) Renew(ctx context.Context, name, token string, term uint
 		iv, ms, idle, every := ttlSettings(ttl)
 		hi, lo := keyHalves(ss.key)
 		var n int64
-		err := conn.QueryRow(ctx, s.sql.renew, name, token, int64(term), iv, ms, idle, every, hi, lo).Scan(&acquiredAt, &n)
+		err := conn.QueryRow(ctx, s.sql.renew, name, token, int64(term), iv, ms, idle, every, hi, lo).
+			Scan(append([]any{&acquiredAt, &n}, transfer.dest()...)...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errors.Join(errSessionReset, errNotHeld)
 		}
@@ -50,8 +55,10 @@ func (s *AdvisoryStore) Renew(ctx context.Context, name, token string, term uint
 	})
 	switch {
 	case err == nil:
-		return leader.Lease{Name: name, HolderID: ss.id(), Term: term, AcquiredAt: acquiredAt,
-			ExpiresAt: wallclock.Now().Add(ttl), Remaining: ttl}, nil
+		l := leader.Lease{Name: name, HolderID: ss.id(), Term: term, AcquiredAt: acquiredAt,
+			ExpiresAt: wallclock.Now().Add(ttl), Remaining: ttl}
+		transfer.apply(&l)
+		return l, nil
 	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
 		return leader.Lease{}, fmt.Errorf("%w: %w", lost, err)
 	case errors.Is(err, errSessionDropped):

@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, unlock, observe, waiter, heldHere string
+	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, unlock, observe, waiter, heldHere, request string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -91,16 +91,17 @@ const followerSettings = `set_config('idle_session_timeout', '0', false),
 // name, with the key halves in parameters hi and lo, in table: the row,
 // whether its recorded holder backend holds the lock now ("held"), whether
 // any backend holds it exclusively ("locked": true without "held" while a
-// grant has taken the lock but not yet committed its row), and how long the
-// lease has left. A holder that is idle (between heartbeats) is ended by the server
-// once it has been idle for its TTL, so the lease has state_change + ttl -
-// now left; a holder running a statement has its whole TTL, counted from
-// when the statement ends. Where pg_stat_activity hides another role's
-// sessions, the whole TTL is reported.
+// grant has taken the lock but not yet committed its row), how long the
+// lease has left, and its transfer columns (transferColumns). A holder
+// that is idle (between heartbeats) is ended by the server once it has
+// been idle for its TTL, so the lease has state_change + ttl - now left; a
+// holder running a statement has its whole TTL, counted from when the
+// statement ends. Where pg_stat_activity hides another role's sessions,
+// the whole TTL is reported.
 func observeRow(table, name, hi, lo string) string {
 	return `SELECT a.term, a.holder_id, a.acquired_at, a.ttl, h.pid IS NOT NULL AS held,
 		EXISTS (` + heldBy(hi, lo) + `) AS locked,
-		` + remainingSQL("h.pid IS NOT NULL", "a.ttl") + ` AS remaining
+		` + remainingSQL("h.pid IS NOT NULL", "a.ttl") + ` AS remaining, ` + transferColumns("a") + `
 	FROM ` + table + ` AS a
 	LEFT JOIN LATERAL (` + heldBy(hi, lo) + ` AND l.pid = a.holder_pid LIMIT 1) AS h ON true
 	LEFT JOIN pg_stat_activity AS act ON act.pid = h.pid
@@ -124,7 +125,9 @@ func remainingSQL(held, ttl string) string {
 // the lock, and {cur} and {locked} what a refused candidate reads (see
 // newAdvisoryStatements).
 var grantTemplate = `
-WITH {lock}, st AS MATERIALIZED (
+WITH rs AS MATERIALIZED (
+	SELECT FROM {t} AS a WHERE a.name = $1 AND ` + reservedForOther("a", "$3") + `
+), {lock}, st AS MATERIALIZED (
 	SELECT s.term_floor FROM {s} AS s WHERE s.name = $1 AND s.strategy = 'advisory' AND (SELECT lk.got FROM lk) FOR KEY SHARE
 ), {ep}, marked AS MATERIALIZED (
 	SELECT pg_try_advisory_lock(` + markClass + `, pg_backend_pid()) AS ok FROM lk WHERE lk.got
@@ -133,14 +136,16 @@ WITH {lock}, st AS MATERIALIZED (
 ), previous AS (
 	SELECT a.holder_token IS NOT NULL AS unreleased, a.holder_pid FROM {t} AS a WHERE a.name = $1
 ), granted AS (
-	INSERT INTO {t} AS a (name, key, term, holder_token, holder_id, holder_pid, ttl, acquired_at)
-	SELECT $1, $2, greatest(st.term_floor, ep.floor) + 1, $3, $4, pg_backend_pid(), $5::interval, clock_timestamp()
+	INSERT INTO {t} AS a (name, key, term, holder_token, holder_id, holder_pid, ttl, acquired_at, priority, reason)
+	SELECT $1, $2, greatest(st.term_floor, ep.floor) + 1, $3, $4, pg_backend_pid(), $5::interval, clock_timestamp(), $11, ''
 	FROM lk, st, ep WHERE lk.got AND ep.ok AND NOT EXISTS (SELECT FROM other)
 	ON CONFLICT (name) DO UPDATE
-	SET (key, term, holder_token, holder_id, holder_pid, ttl, acquired_at) = (
+	SET (key, term, holder_token, holder_id, holder_pid, ttl, acquired_at, priority, reason, ` + clearedTransfer + `) = (
 		excluded.key, greatest(a.term, (SELECT st.term_floor FROM st), (SELECT ep.floor FROM ep)) + 1, excluded.holder_token, excluded.holder_id,
-		excluded.holder_pid, excluded.ttl, excluded.acquired_at)
-	RETURNING a.term, a.acquired_at, a.name
+		excluded.holder_pid, excluded.ttl, excluded.acquired_at, excluded.priority,
+		` + grantReasonSQL("a", "excluded.holder_token", "false") + `, ` + clearedValues + `)
+	WHERE NOT ` + reservedForOther("a", "excluded.holder_token") + `
+	RETURNING a.term, a.acquired_at, a.name, a.priority, a.reason
 ), armed AS (
 	SELECT ` + holderSettings("$6", "$7", "$8") + ` FROM granted
 ), durable AS (
@@ -153,7 +158,9 @@ SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
 	{locked},
 	coalesce((SELECT unreleased FROM previous), false), (SELECT holder_pid FROM previous),
-	coalesce((SELECT ok FROM marked), false), EXISTS (SELECT FROM st), (SELECT ep.ok FROM ep)
+	coalesce((SELECT ok FROM marked), false), EXISTS (SELECT FROM st), (SELECT ep.ok FROM ep), EXISTS (SELECT FROM rs),
+	coalesce(g.priority, c.priority, 0), coalesce(g.reason, c.reason, ''), c.request_to, c.request_reason, c.request_left,
+	c.successor_id, c.reserved_left
 FROM lk
 LEFT JOIN granted AS g ON true
 LEFT JOIN cur AS c ON true`
@@ -173,9 +180,9 @@ var (
 	observedCur    = `SELECT o.* FROM (` + observeRow("{t}", "$1", "$9", "$10") + `) AS o WHERE NOT (SELECT lk.got FROM lk)`
 	observedLocked = `coalesce(c.locked, lk.got OR EXISTS (` + heldBy("$9", "$10") + `))`
 	claimedCur     = `SELECT r.term, r.holder_id, r.acquired_at, r.ttl, r.held, true AS locked,
-		` + remainingSQL("r.held", "r.ttl") + ` AS remaining
+		` + remainingSQL("r.held", "r.ttl") + ` AS remaining, ` + transferNames("r") + `
 	FROM (
-		SELECT a.term, a.holder_id, a.acquired_at, a.ttl, a.holder_pid,
+		SELECT a.term, a.holder_id, a.acquired_at, a.ttl, a.holder_pid, ` + transferColumns("a") + `,
 			a.holder_token IS NOT NULL AND a.holder_pid IS NOT NULL AND NOT (
 				CASE WHEN pg_try_advisory_lock_shared(` + markClass + `, a.holder_pid)
 				THEN pg_advisory_unlock_shared(` + markClass + `, a.holder_pid) ELSE false END) AS held
@@ -194,15 +201,25 @@ func newAdvisoryStatements(table, strategies, epochs string) advisoryStatements 
 	grant := func(lock, cur, locked string) string {
 		return fill(strings.NewReplacer("{lock}", lock, "{cur}", cur, "{locked}", locked).Replace(grantTemplate))
 	}
+	// The lock is not tried while the snapshot shows the lease reserved
+	// for another candidate ("rs"; see Acquire).
 	tryLock := `lk AS MATERIALIZED (
-	SELECT pg_try_advisory_lock($2) AS got
+	SELECT CASE WHEN EXISTS (SELECT FROM rs) THEN false ELSE pg_try_advisory_lock($2) END AS got
 )`
 	return advisoryStatements{
 		// Grant, on a session that does not hold the lock: $1 name, $2 key,
 		// $3 token, $4 candidate ID, $5 ttl, $6 ttl in ms, $7 keepalive
-		// idle, $8 keepalive interval, $9 and $10 the key's halves.
+		// idle, $8 keepalive interval, $9 and $10 the key's halves, $11
+		// priority.
 		//
-		// "lk" tries the lock (materialized, so it runs exactly once).
+		// "rs" finds, in the statement's snapshot, the lease released and
+		// reserved for another candidate's token (see ReleaseTo): then
+		// "lk" does not try the lock, and the candidate is refused and
+		// told the successor ("reserved", the 17th column), holding
+		// nothing, so that a follower woken by a handover never holds the
+		// lock, even for a moment, while the successor comes for it.
+		// Otherwise "lk" tries the lock (materialized, so it runs exactly
+		// once).
 		// "marked" then takes the holder's mark (see markClass), for lock
 		// waiters to wait on; only a stray session of someone else's,
 		// using the same two int4 keys, could hold it, and then the lock
@@ -216,7 +233,12 @@ func newAdvisoryStatements(table, strategies, epochs string) advisoryStatements 
 		// granted, and the caller unlocks. "granted" bumps the term in the
 		// same statement, so the term grows at every grant and a grant
 		// without a term cannot happen; it takes the row over whatever it
-		// says, since holding the lock proves its holder is gone. The
+		// says, since holding the lock proves its holder is gone, unless
+		// the row, as it stands, is reserved for another candidate (a
+		// handover committed after the snapshot was taken): then nothing
+		// is granted, and the caller unlocks and looks again. It records
+		// the priority and why it was granted (grantReasonSQL), and clears
+		// any request and reservation. The
 		// holder's settings and a durable commit (durableCommit) follow a
 		// grant; its wake-up does not (see announce). "cur" is the lease as it stood
 		// when the statement began, for a refused candidate only (the
@@ -264,13 +286,15 @@ SELECT pg_advisory_lock($1) IS NOT NULL FROM lt`,
 
 		// Re-grant to the holder, on its session: $1 name, $2 token, $3
 		// candidate ID, $4 ttl, $5 ttl in ms, $6 keepalive idle, $7
-		// keepalive interval, $8 channel, $9 and $10 the key's halves. Only
-		// while this backend still holds the lock and the row; committed
-		// durably, as a grant.
+		// keepalive interval, $8 channel, $9 and $10 the key's halves, $11
+		// priority. Only while this backend still holds the lock and the
+		// row; committed durably, as a grant. A grant to the holder
+		// itself: its reason is empty, and it clears any request.
 		regrant: fill(`
 WITH granted AS (
 	UPDATE {t} AS a
-	SET (term, holder_id, ttl, acquired_at) = (a.term + 1, $3, $4::interval, clock_timestamp())
+	SET (term, holder_id, ttl, acquired_at, priority, reason, ` + clearedTransfer + `) = (
+		a.term + 1, $3, $4::interval, clock_timestamp(), $11, '', ` + clearedValues + `)
 	WHERE a.name = $1 AND a.holder_token = $2 AND a.holder_pid = pg_backend_pid()
 		AND EXISTS (` + heldBy("$9", "$10") + ` AND l.pid = pg_backend_pid())
 	RETURNING a.term, a.acquired_at, a.name
@@ -289,10 +313,12 @@ FROM granted AS g`),
 		// interval, $8 and $9 the key's halves. It proves the session is
 		// alive and still holds the lock under the term, and re-arms the
 		// server's timeouts (the TTL may change); the row is written only
-		// when the TTL changed.
+		// when the TTL changed. It reads the transfer columns
+		// (transferColumns): a pending request is what the holder reads
+		// there.
 		renew: fill(`
 WITH cur AS (
-	SELECT a.acquired_at, a.ttl FROM {t} AS a
+	SELECT a.acquired_at, a.ttl, ` + transferColumns("a") + ` FROM {t} AS a
 	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
 		AND EXISTS (` + heldBy("$8", "$9") + ` AND l.pid = pg_backend_pid())
 ), changed AS (
@@ -302,7 +328,7 @@ WITH cur AS (
 ), armed AS (
 	SELECT ` + holderSettings("$5", "$6", "$7") + ` FROM cur
 )
-SELECT c.acquired_at, (SELECT count(*) FROM changed) + (SELECT count(*) FROM armed)
+SELECT c.acquired_at, (SELECT count(*) FROM changed) + (SELECT count(*) FROM armed), ` + transferNames("c") + `
 FROM cur AS c`),
 
 		// Release, on the holder's session, the first of two statements:
@@ -310,11 +336,17 @@ FROM cur AS c`),
 		// only if this backend holds the row under the term, and commits;
 		// unlock follows, in the same round trip (see releaseOn). A
 		// follower that comes between the two sees the lock taken and the
-		// row free, and looks again (see acquireOn).
+		// row free, and looks again (see acquireOn). For a handover
+		// (ReleaseTo), $4 is the successor's token, $5 its candidate ID,
+		// $6 the reason of its grant and $7 how long, in microseconds, the
+		// lease is reserved for it; all NULL for a plain release. Clears
+		// any request.
 		release: fill(`
 WITH released AS (
 	UPDATE {t} AS a
-	SET (holder_token, holder_id, holder_pid, ttl, acquired_at, released_at) = (NULL, '', NULL, NULL, NULL, clock_timestamp())
+	SET (holder_token, holder_id, holder_pid, ttl, acquired_at, released_at, ` + clearedTransfer + `) = (
+		NULL, '', NULL, NULL, NULL, c.now, NULL, NULL, NULL, $4, $5, $6, c.now + $7::bigint * interval '1 microsecond')
+	FROM clock_timestamp() AS c(now)
 	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
 	RETURNING a.name
 )
@@ -363,5 +395,27 @@ SELECT (SELECT k.pid FROM k), EXISTS (SELECT FROM k WHERE EXISTS (` + markedBy("
 		// Held here: whether this session holds the lock; $1 and $2 the
 		// key's halves.
 		heldHere: `SELECT EXISTS (` + heldBy("$1", "$2") + ` AND l.pid = pg_backend_pid())`,
+
+		// Request, RequestTransfer's: $1 name, $2 and $3 the key's halves,
+		// $4 the candidate ID asked for, $5 the reason, $6 how long it
+		// stays pending (NULL clears it). "cur" is the lease as Observe
+		// reports it; the request is recorded only if it is held, and
+		// still held under the same term by a holder once the row is
+		// locked. Returns the lease, with the request recorded (none if
+		// it was not) and a last column saying whether it was; no row if
+		// the name has none.
+		request: fill(`
+WITH cur AS MATERIALIZED (
+	` + observeRow("{t}", "$1", "$2", "$3") + `
+), req AS (
+	UPDATE {t} AS a
+	SET (request_to, request_reason, request_until) = ($4, $5, c.now + $6::interval)
+	FROM cur, clock_timestamp() AS c(now)
+	WHERE a.name = $1 AND cur.held AND a.term = cur.term AND a.holder_token IS NOT NULL
+	RETURNING a.request_to, a.request_reason, a.request_until - clock_timestamp() AS request_left, true AS recorded
+)
+SELECT c.term, c.holder_id, c.acquired_at, c.held, c.remaining, c.priority, c.reason,
+	r.request_to, r.request_reason, r.request_left, c.successor_id, c.reserved_left, coalesce(r.recorded, false)
+FROM cur AS c LEFT JOIN req AS r ON true`),
 	}
 }

@@ -289,7 +289,8 @@ func (s *LeaseStore) renewRows(ctx context.Context, leases []renewArgs) (map[hel
 		r   leaseRow
 		key heldKey
 	)
-	_, err = pgx.ForEachRow(rows, []any{&key.name, &key.token, &key.term, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining}, func() error {
+	dest := append([]any{&key.name, &key.token, &key.term, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining}, r.transfer.dest()...)
+	_, err = pgx.ForEachRow(rows, dest, func() error {
 		row := r
 		row.term, row.held = key.term, true
 		renewed[key] = row

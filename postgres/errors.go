@@ -104,7 +104,7 @@ func permanentHint(err error) string {
 func grantHint(message string) string {
 	const role = "<the store's role>"
 	if table, ok := strings.CutPrefix(message, "permission denied for table "); ok {
-		return fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON %s TO %s (and DELETE, if it is the heartbeat or the Router's message table); see Privileges in the postgres package documentation", table, role)
+		return fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON %s TO %s (and DELETE, if it is the heartbeat, the candidates' or the Router's message table); see Privileges in the postgres package documentation", table, role)
 	}
 	if schema, ok := strings.CutPrefix(message, "permission denied for schema "); ok {
 		return fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s; see Privileges in the postgres package documentation", schema, role)

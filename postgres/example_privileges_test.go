@@ -29,6 +29,7 @@ import (
 //	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO leader_app;
 //	GRANT SELECT, INSERT ON public.leader_leases_epochs TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO leader_app;
+//	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_leases_candidates TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO leader_app;
 //
 // The message table's identity column needs no grant on its sequence, and
@@ -65,6 +66,7 @@ func Example_privileges() {
 		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO " + r,
 		"GRANT SELECT, INSERT ON public.leader_leases_epochs TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO " + r,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_leases_candidates TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO " + r,
 	} {
 		if _, err := owner.Exec(ctx, sql); err != nil {
@@ -113,6 +115,16 @@ func Example_privileges() {
 		}
 		fmt.Printf("%s strategy: granted %v to %s, term %d\n", s.strategy, granted, lease.HolderID, lease.Term)
 	}
+	// Followers enlist as candidates to hand over to (leader.Transferer).
+	follower := leader.Candidate{ID: "worker-2", Token: "another random token"}
+	if err := leases.Enlist(ctx, "nightly-lease", follower, time.Minute); err != nil {
+		log.Fatal(err)
+	}
+	candidates, err := locks.Candidates(ctx, "nightly-lease") // one table for both strategies
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("candidates: %d\n", len(candidates))
 	if err := router.NotifyDurable(ctx, "jobs", "reindex"); err != nil {
 		log.Fatal(err)
 	}
@@ -126,6 +138,7 @@ func Example_privileges() {
 	// Output:
 	// lease strategy: granted true to worker-1, term 1
 	// advisory strategy: granted true to worker-1, term 1
+	// candidates: 1
 	// durable message stored
 	// Migrate as the role: permission denied for schema public
 }

@@ -103,6 +103,8 @@ func FuzzOptions(f *testing.F) {
 			{got.qualifiedStatusView(), []string{got.Schema, shortName(got.Table + "_status")}},
 			{got.qualifiedEpochTable(), []string{got.Schema, shortName(got.Table + "_epochs")}},
 			{got.qualifiedFenceFunction(), []string{got.Schema, shortName(got.Table + "_fence")}},
+			{got.qualifiedCandidateTable(), []string{got.Schema, shortName(got.Table + "_candidates")}},
+			{got.requestIndex(), []string{shortName(got.Table + "_requests")}},
 		} {
 			parts, err := unquoteIdentifier(q.quoted)
 			if err != nil {
@@ -128,6 +130,8 @@ func FuzzOptions(f *testing.F) {
 			defaults.qualifiedStatusView(), got.qualifiedStatusView(),
 			defaults.qualifiedEpochTable(), got.qualifiedEpochTable(),
 			defaults.qualifiedFenceFunction(), got.qualifiedFenceFunction(),
+			defaults.qualifiedCandidateTable(), got.qualifiedCandidateTable(),
+			defaults.requestIndex(), got.requestIndex(),
 			fenceQuote(defaults), fenceQuote(got),
 		)
 		gotStmts := sqlOf(got)
@@ -168,19 +172,20 @@ func offlinePool(f *testing.F) (*pgxpool.Pool, *atomic.Int64) {
 }
 
 // sqlOf returns the SQL built for o: the lease store's statements, the
-// Router's that name its table, and the migration script.
+// Router's that name its table, the candidates' and the migration script.
 func sqlOf(o Options) []string {
 	s := newStatements(o)
 	hb := newBeatStatements(o)
 	r := newRouterStatements(o.qualifiedMessageTable())
 	a := newAdvisoryStatements(o.qualifiedAdvisoryTable(), o.qualifiedStrategyTable(), o.qualifiedEpochTable())
+	c := newCandidateStatements(o)
 	script, err := migrationScript(o)
 	if err != nil {
 		script = "error: " + err.Error()
 	}
 	return []string{s.acquire, s.renewBatch, s.release, s.observe, r.notifyDurable, r.fetch, r.remove, r.failed,
 		a.grant, a.grantQuick, a.grantLocked, a.queue, a.regrant, a.renew, a.release, a.unlock, a.observe, a.waiter, a.heldHere,
-		hb.insert, hb.renew, hb.reconcile, script}
+		hb.insert, hb.renew, hb.reconcile, s.request, a.request, c.enlist, c.withdraw, c.list, script}
 }
 
 // documentedOptions returns o with the defaults documented on Options

@@ -29,6 +29,8 @@ type beatLease struct {
 	term       int64
 	holderID   string
 	acquiredAt time.Time
+	priority   int
+	reason     leader.GrantReason
 	asked      time.Time // when RenewBatch last asked to renew it
 }
 
@@ -101,8 +103,13 @@ type beatStatements struct {
 	// the leases given that are held by their token under their term.
 	// One row per lease moved (or one row of NULLs): the heartbeat's
 	// expiry and time left, the count of leases that were under it when
-	// the statement began, and the lease moved. No row: the heartbeat
-	// was not renewed.
+	// the statement began, and the lease moved, with its transfer
+	// columns (transferColumns). Then one row per lease that was under
+	// it with a pending request to hand over: the count NULL, the lease
+	// without its holder ID and acquired_at, and its transfer columns,
+	// read through the partial index on the rows with a request
+	// (migration 009), so that a round does not read every lease row
+	// under the heartbeat. No row: the heartbeat was not renewed.
 	insert, renew string
 	// sweep, after a new heartbeat's insert: deletes up to 1,000
 	// heartbeats of processes long gone, expired for a minute and more,
@@ -127,12 +134,18 @@ func newBeatStatements(opts Options) beatStatements {
 	FROM beat AS b, unnest($3::text[], $4::text[], $5::bigint[]) AS r(name, token, term)
 	WHERE l.name = r.name AND l.holder_token = r.token AND l.term = r.term
 		AND %[2]s > clock_timestamp()
-	RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at
+	RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, %[3]s
 )
 SELECT b.expires_at, b.expires_at - clock_timestamp(),
 	(SELECT count(*) FROM %[1]s AS u WHERE u.heartbeat = $1),
-	m.name, m.holder_token, m.term, m.holder_id, m.acquired_at
-FROM beat AS b LEFT JOIN moved AS m ON true`, table, expiry(hbTable))
+	m.name, m.holder_token, m.term, m.holder_id, m.acquired_at, %[4]s
+FROM beat AS b LEFT JOIN moved AS m ON true
+UNION ALL
+SELECT b.expires_at, b.expires_at - clock_timestamp(), NULL,
+	q.name, q.holder_token, q.term, NULL, NULL, %[5]s
+FROM beat AS b, %[1]s AS q
+WHERE q.heartbeat = $1 AND q.request_until IS NOT NULL AND q.request_until > clock_timestamp()`,
+		table, expiry(hbTable), transferColumns("l"), transferNames("m"), transferColumns("q"))
 	return beatStatements{
 		insert: fmt.Sprintf(`
 WITH durable AS (
@@ -181,7 +194,9 @@ WHERE l.heartbeat = $1`, table, hbTable),
 // leases) that renews the store's heartbeat for that TTL and moves under
 // it the leases not yet under it (see "Heartbeats" in the package
 // documentation). The Electors of a process that share the store renew
-// this way, once per renew round for all their names.
+// this way, once per renew round for all their names. Each lease renewed
+// reports its holder's priority, the reason of its grant and any pending
+// request to hand over, which the same statement reads.
 func (s *LeaseStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
@@ -260,8 +275,10 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 		stale                  = 2 * ttl
 		reconciled             map[heldKey]bool
 		mName, mToken, mHolder *string
-		mTerm                  *int64
+		mTerm, count           *int64
 		mAcquired              *time.Time
+		mTransfer              transferRow
+		requests               = map[heldKey]leader.TransferRequest{}
 	)
 	s.beats.mu.Lock()
 	for _, r := range group {
@@ -295,10 +312,22 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 	}
 	rows, err := s.pool.Query(ctx, stmt, hb.id, interval(ttl), names, tokens, terms)
 	if err == nil {
-		_, err = pgx.ForEachRow(rows, []any{&beatExpires, &beatLeft, &underCount, &mName, &mToken, &mTerm, &mHolder, &mAcquired}, func() error {
+		dest := append([]any{&beatExpires, &beatLeft, &count, &mName, &mToken, &mTerm, &mHolder, &mAcquired}, mTransfer.dest()...)
+		_, err = pgx.ForEachRow(rows, dest, func() error {
 			sawBeat = true
-			if mName != nil && mToken != nil && mTerm != nil && mHolder != nil && mAcquired != nil {
-				movedRows[heldKey{*mName, *mToken, *mTerm}] = &beatLease{term: *mTerm, holderID: *mHolder, acquiredAt: *mAcquired, asked: now}
+			if count != nil {
+				underCount = *count
+			}
+			if mName == nil || mToken == nil || mTerm == nil {
+				return nil
+			}
+			k := heldKey{*mName, *mToken, *mTerm}
+			if mHolder != nil && mAcquired != nil {
+				movedRows[k] = &beatLease{term: *mTerm, holderID: *mHolder, acquiredAt: *mAcquired,
+					priority: mTransfer.holderPriority(), reason: mTransfer.grantReason(), asked: now}
+			}
+			if req := mTransfer.request(); req.Pending() {
+				requests[k] = req
 			}
 			return nil
 		})
@@ -337,7 +366,8 @@ func (s *LeaseStore) renewBeat(ctx context.Context, ttl time.Duration, group []*
 
 	lease := func(r *leader.Renewal, l *beatLease) leader.Lease {
 		return leader.Lease{Name: r.Name, HolderID: l.holderID, Term: r.Term, AcquiredAt: l.acquiredAt,
-			ExpiresAt: beatExpires, Remaining: min(beatLeft, ttl)}
+			ExpiresAt: beatExpires, Remaining: min(beatLeft, ttl), Priority: l.priority, Reason: l.reason,
+			Transfer: requests[heldKey{r.Name, r.Token, int64(r.Term)}]}
 	}
 	s.beats.mu.Lock()
 	hb.created = true

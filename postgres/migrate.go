@@ -28,9 +28,11 @@ var migrateLockKey = func() int64 {
 }()
 
 // Migrate creates the tables described by opts (the lease table, the
-// advisory strategy's table and the Router's message table, and their
-// schema, if missing), or does nothing for those that exist, and creates or
-// replaces the status view and the fence function (see Fence). It is safe to
+// advisory strategy's table, the Router's message table, and those named
+// after the lease table, of epochs and of candidates; and their schema),
+// where missing, adds the columns that an earlier version's tables lack,
+// and creates or replaces the status view and the fence function (see
+// Fence). It is safe to
 // run every time a program starts, from many processes at once: it runs in
 // one transaction that first takes a transaction-scoped advisory lock, so
 // concurrent calls wait for each other instead of racing on the catalog.
@@ -107,6 +109,8 @@ func migrationScript(opts Options) (string, error) {
 		"{{epoch_table}}", opts.qualifiedEpochTable(),
 		"{{fence_function}}", opts.qualifiedFenceFunction(),
 		"{{fence_quote}}", fenceQuote(opts),
+		"{{candidate_table}}", opts.qualifiedCandidateTable(),
+		"{{request_index}}", opts.requestIndex(),
 	)
 	var b strings.Builder
 	for _, name := range names { // fs.Glob returns names in lexical order

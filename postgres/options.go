@@ -319,6 +319,22 @@ func (o Options) qualifiedFenceFunction() string {
 	return pgx.Identifier{o.Schema, shortName(o.Table + "_fence")}.Sanitize()
 }
 
+// qualifiedCandidateTable returns the quoted, schema-qualified name of the
+// table of the candidates that campaign for each name (migration 009, see
+// leader.Transferer): the lease table's name followed by "_candidates", in
+// the tables' schema, shortened like Channel when too long. Both
+// strategies use it.
+func (o Options) qualifiedCandidateTable() string {
+	return pgx.Identifier{o.Schema, shortName(o.Table + "_candidates")}.Sanitize()
+}
+
+// requestIndex returns the quoted name of the lease table's partial index
+// on its heartbeat column for the rows with a request to hand over
+// (migration 009), which lives in the table's schema.
+func (o Options) requestIndex() string {
+	return pgx.Identifier{shortName(o.Table + "_requests")}.Sanitize()
+}
+
 // heartbeatIndex returns the quoted name of the lease table's index on its
 // heartbeat column, which lives in the table's schema.
 func (o Options) heartbeatIndex() string {

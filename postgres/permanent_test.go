@@ -30,6 +30,7 @@ func TestPermanentHints(t *testing.T) {
 		{"42P01", `relation "public.leader_leases" does not exist`, []string{"leader migrate", "postgres.Migrate"}},
 		{"3F000", `schema "elections" does not exist`, []string{"leader migrate"}},
 		{"42501", "permission denied for table leader_heartbeats", []string{"GRANT SELECT, INSERT, UPDATE ON leader_heartbeats", "DELETE", "Privileges"}},
+		{"42501", "permission denied for table leader_leases_candidates", []string{"GRANT SELECT, INSERT, UPDATE ON leader_leases_candidates", "DELETE", "candidates'"}},
 		{"42501", "permission denied for schema elections", []string{"GRANT USAGE ON SCHEMA elections"}},
 		{"42501", "permission denied for database app", []string{"GRANT CONNECT ON DATABASE app"}},
 		{"42501", "permission denied for function leader_leases_fence", []string{"GRANT EXECUTE ON FUNCTION leader_leases_fence", "FenceFunction"}},

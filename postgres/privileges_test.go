@@ -50,6 +50,7 @@ func appGrants(role, database string) []string {
 		"GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO " + r,
 		"GRANT SELECT, INSERT ON public.leader_leases_epochs TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO " + r,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_leases_candidates TO " + r,
 		"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO " + r,
 	}
 }
@@ -235,6 +236,7 @@ func TestLeastPrivilege(t *testing.T) {
 			"leader_advisory INSERT,SELECT,UPDATE",
 			"leader_heartbeats DELETE,INSERT,SELECT,UPDATE",
 			"leader_leases INSERT,SELECT,UPDATE",
+			"leader_leases_candidates DELETE,INSERT,SELECT,UPDATE",
 			"leader_leases_epochs INSERT,SELECT",
 			"leader_messages DELETE,INSERT,SELECT,UPDATE",
 			"leader_strategies INSERT,SELECT,UPDATE",

@@ -90,6 +90,44 @@
 // why it is safe, and for what a failover to an asynchronous standby does
 // to it.
 //
+// # Transfers
+//
+// Both stores implement [leader.Transferer], so that a leader hands its
+// lease to a chosen candidate ([leader.Elector.Transfer],
+// [leader.RequestTransfer], leader.Config.Priority). Followers enlist, once
+// per TTL, in the candidates' table that both strategies share (by
+// default public.leader_leases_candidates): one upsert, the entry expiring
+// on the server's clock; a withdrawal deletes the name's expired entries
+// too. A request to hand over is recorded on the lease's row while the
+// lease is held, and read by the holder's next renewal in the statement
+// it sends anyway: Renew, or the heartbeat round of RenewBatch, which
+// finds the requests of the leases under its heartbeat through a partial
+// index.
+//
+// ReleaseTo is a release, in one round trip, that also records on the row
+// the successor's token, and until when the lease is reserved for it, on
+// the server's clock; it wakes the followers as a release does (a NOTIFY;
+// for the advisory strategy, the lock waiters see the holder's mark
+// freed). While the reservation lasts, only the successor's token is
+// granted the lease, with the next term and the handover's reason; any
+// other candidate is refused and told Lease.Successor and Reserved. A
+// candidate whose statement's snapshot shows the lease reserved for
+// another is refused without locking the lease row (lease strategy) or
+// trying the lock (advisory strategy), so that the followers woken with
+// the successor never delay its grant, which takes one round trip: the
+// leaderless gap of a handover is two round trips and a wake-up. A
+// reservation that commits after a candidate's snapshot is judged on the
+// row as it stands once locked; an advisory candidate that took the lock
+// meanwhile lets it go without a grant, and looks again. Every grant
+// records the candidate's priority and why it was made (Lease.Reason: a
+// released row gives release, a row whose holder went without one
+// expiry, a reservation its reason), and clears the request and the
+// reservation. A handover is a release and then a grant: the old term
+// ends before the new one starts, and the strategy table, the epochs'
+// grace and the fence judge the successor's grant as any other. Clients
+// of versions before transfers ignore reservations and leave them on the
+// row: upgrade them all before relying on handovers.
+//
 // # Connection poolers
 //
 // A transaction-pooling proxy such as PgBouncer cannot keep session state
@@ -112,9 +150,11 @@
 //	GRANT SELECT, INSERT, UPDATE ON public.leader_leases, public.leader_advisory, public.leader_strategies TO leader_app;
 //	GRANT SELECT, INSERT ON public.leader_leases_epochs TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO leader_app;
+//	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_leases_candidates TO leader_app;
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO leader_app;
 //
-// The message table's identity sequence needs no grant, and LISTEN,
+// The candidates' table (see Transfers) is both strategies'. The message
+// table's identity sequence needs no grant, and LISTEN,
 // NOTIFY, advisory locks, pg_locks and pg_stat_activity need none. Nor
 // does the fence function (see Fenced writes), which PostgreSQL lets
 // PUBLIC execute; where the database's default privileges revoke that:
@@ -151,6 +191,13 @@
 //	              'infinity' while it is under a heartbeat
 //	heartbeat     the heartbeat the lease is under, or NULL (see Heartbeats)
 //	released_at   when the lease was last released
+//	priority      the holder's priority, as granted (see Transfers)
+//	reason        why the last grant was made: '', release, expiry,
+//	              transfer or priority
+//	request_to, request_reason, request_until
+//	              a pending request that the holder hand over; NULL if none
+//	successor_token, successor_id, successor_reason, reserved_until
+//	              whom a handed-over lease is reserved for, and until when
 //
 // To see who holds each name and until when, read the view that Migrate
 // creates beside it (by default public.leader_leases_status), which
@@ -391,6 +438,7 @@ type LeaseStore struct {
 	opts Options
 	sql  statements
 	wakeups
+	candidates
 	renewals *renewBatcher
 	beats    beats
 	beatSQL  beatStatements
@@ -405,6 +453,7 @@ var (
 	_ leader.Store        = (*LeaseStore)(nil)
 	_ leader.FreeWatcher  = (*LeaseStore)(nil)
 	_ leader.BatchRenewer = (*LeaseStore)(nil)
+	_ leader.Transferer   = (*LeaseStore)(nil)
 )
 
 // NewLeaseStore returns a LeaseStore on the lease table that Migrate created
@@ -432,6 +481,7 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 		beatSQL: newBeatStatements(opts),
 		wakeups: newWakeups(pool.Config().ConnConfig, opts, "the lease store's wake-ups"),
 	}
+	s.candidates = newCandidates(own, opts, StrategyLease)
 	s.renewals = newRenewBatcher(s)
 	return s, nil
 }
@@ -462,10 +512,17 @@ type leaseRow struct {
 	acquiredAt *time.Time
 	expiresAt  *time.Time
 	remaining  time.Duration
+	transfer   transferRow
+}
+
+// dest returns the scan targets of a statement's columns from term to
+// the transfer columns, as Observe returns them.
+func (r *leaseRow) dest() []any {
+	return append([]any{&r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining}, r.transfer.dest()...)
 }
 
 // lease reports r like leader.Lease: a lease without a holder has only its
-// name and term.
+// name, term, last reason and reservation.
 func (r leaseRow) lease(name string) leader.Lease {
 	l := leader.Lease{Name: name, Term: uint64(r.term)}
 	if r.held && r.remaining > 0 && r.acquiredAt != nil && r.expiresAt != nil {
@@ -474,6 +531,7 @@ func (r leaseRow) lease(name string) leader.Lease {
 		l.ExpiresAt = *r.expiresAt
 		l.Remaining = r.remaining
 	}
+	r.transfer.apply(&l)
 	return l
 }
 
@@ -498,12 +556,18 @@ func checkTTL(op, name string, ttl time.Duration) error {
 // Acquire implements leader.Store. It grants the lease if it is free,
 // expired, or held by c.Token, in one statement (see the package
 // documentation), and sends a wake-up for a grant. When it grants nothing it
-// reports the holder and Remaining as computed on the server's clock.
+// reports the holder and Remaining as computed on the server's clock. A
+// lease released and reserved for another candidate (ReleaseTo) is not
+// free: it is reported with Successor and Reserved (see Transfers in the
+// package documentation).
 func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
 	const op = "acquire"
 	if err := checkTTL(op, name, ttl); err != nil {
+		return leader.Lease{}, false, err
+	}
+	if err := checkPriority(op, name, c); err != nil {
 		return leader.Lease{}, false, err
 	}
 	var (
@@ -513,8 +577,9 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 		err           error
 	)
 	for claimed := false; ; claimed = true {
-		err = s.pool.QueryRow(ctx, s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel).
-			Scan(&granted, &r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining, &notified, &mine)
+		err = s.pool.QueryRow(ctx, s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)).
+			Scan(append([]any{&granted, &r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining, &notified, &mine},
+				r.transfer.dest()...)...)
 		if err != nil || mine || claimed {
 			break
 		}
@@ -553,7 +618,8 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 // server's now, only if it is unexpired and held by token under term;
 // otherwise it returns an error wrapping leader.ErrLeaseLost. The lease is
 // renewed on its own row, and taken out from under a heartbeat if it was
-// under one. Renew calls that reach the store together are sent as one
+// under one. It reports the holder's priority, the reason of its grant and
+// any pending request to hand over. Renew calls that reach the store together are sent as one
 // statement (see renewBatcher). Electors renew with RenewBatch instead.
 func (s *LeaseStore) Renew(ctx context.Context, name, token string, term uint64, ttl time.Duration) (leader.Lease, error) {
 	ctx, cancel := s.opts.bound(ctx)
@@ -572,23 +638,74 @@ func (s *LeaseStore) Renew(ctx context.Context, name, token string, term uint64,
 // is unexpired and held by token under term, keeping the term, and notifies
 // the watchers; otherwise it returns an error wrapping leader.ErrLeaseLost.
 func (s *LeaseStore) Release(ctx context.Context, name, token string, term uint64) error {
+	if term > math.MaxInt64 {
+		return fmt.Errorf("postgres: release %q term %d: %w", name, term, leader.ErrLeaseLost)
+	}
+	return s.release(ctx, name, token, term, nil, "", 0)
+}
+
+// ReleaseTo implements leader.Transferer. It is Release, with the
+// reservation of the freed lease for successor's token until hold has
+// passed on the server's clock recorded in the same statement, which also
+// sends the wake-up: one round trip. The successor, woken, is granted it
+// by its next Acquire; every other candidate's Acquire is refused and
+// told the successor (see Acquire).
+func (s *LeaseStore) ReleaseTo(ctx context.Context, name, token string, term uint64, successor leader.Candidate, reason leader.GrantReason, hold time.Duration) error {
+	if err := checkHandover(name, term, successor, reason, hold); err != nil {
+		return err
+	}
+	return s.release(ctx, name, token, term, &successor, reason, hold)
+}
+
+// release frees the lease of name held by token under term (see Release),
+// reserved for successor for hold, with reason, if successor is not nil.
+func (s *LeaseStore) release(ctx context.Context, name, token string, term uint64, successor *leader.Candidate, reason leader.GrantReason, hold time.Duration) error {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
 	const op = "release"
-	if term > math.MaxInt64 {
-		return fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+	lost := fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+	args := []any{name, token, int64(term), s.opts.Channel, nil, nil, nil, nil}
+	if successor != nil {
+		args[4], args[5], args[6], args[7] = successor.Token, successor.ID, string(reason), interval(hold)
+		lost = fmt.Errorf("postgres: %s %q term %d to %s: %w", op, name, term, successor.ID, leader.ErrLeaseLost)
 	}
 	s.renewals.ended(name, token, int64(term))
 	s.beats.forget(name, token)
 	var released int64
-	err := s.pool.QueryRow(ctx, s.sql.release, name, token, int64(term), s.opts.Channel).Scan(&released)
+	err := s.pool.QueryRow(ctx, s.sql.release, args...).Scan(&released)
 	if err != nil {
 		return wrapError(ctx, call(op, name), err)
 	}
 	if released == 0 {
-		return fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
+		return lost
 	}
 	return nil
+}
+
+// RequestTransfer implements leader.Transferer. In one statement it records
+// req on the lease's row, pending until ttl has passed on the server's
+// clock (a ttl that is not positive clears it), if the lease is held; it
+// returns the lease as Observe would. If the lease is not held it returns
+// the lease as it stands and an error wrapping leader.ErrNoLeader. The
+// holder reads the request at its next renewal.
+func (s *LeaseStore) RequestTransfer(ctx context.Context, name string, req leader.TransferRequest, ttl time.Duration) (leader.Lease, error) {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
+	const op = "request transfer"
+	to, why, pending := requestArgs(req, ttl)
+	var r leaseRow
+	err := s.pool.QueryRow(ctx, s.sql.request, name, to, why, pending).Scan(r.dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		l, err := s.observe(ctx, op, name)
+		if err != nil {
+			return l, err
+		}
+		return l, noLeader(name)
+	}
+	if err != nil {
+		return leader.Lease{}, wrapError(ctx, call(op, name), err)
+	}
+	return r.lease(name), nil
 }
 
 // Observe implements leader.Store. It reports the lease without changing or
@@ -601,8 +718,7 @@ func (s *LeaseStore) Observe(ctx context.Context, name string) (leader.Lease, er
 
 func (s *LeaseStore) observe(ctx context.Context, op, name string) (leader.Lease, error) {
 	var r leaseRow
-	err := s.pool.QueryRow(ctx, s.sql.observe, name).
-		Scan(&r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining)
+	err := s.pool.QueryRow(ctx, s.sql.observe, name).Scan(r.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return leader.Lease{Name: name}, nil
 	}

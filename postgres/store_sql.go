@@ -9,7 +9,7 @@ const maxPayloadLength = MaxNotifyPayloadLen
 
 // statements are the store's SQL, with the table name filled in.
 type statements struct {
-	acquire, renewBatch, release, observe string
+	acquire, renewBatch, release, observe, request string
 }
 
 // expiry returns the SQL expression for when the lease of row l runs out,
@@ -39,7 +39,8 @@ var (
 func newStatements(opts Options) statements {
 	table, hb, st := opts.qualifiedTable(), opts.qualifiedHeartbeatTable(), opts.qualifiedStrategyTable()
 	return statements{
-		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel.
+		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel,
+		// $6 priority.
 		//
 		// "granted" inserts the row or takes it over where it is free,
 		// held by the same token, or expired: its own expiry passed, or
@@ -49,7 +50,9 @@ func newStatements(opts Options) statements {
 		// documentation). ON CONFLICT locks the row and judges it as it
 		// stands after any concurrent transaction committed; "killed"
 		// judges the heartbeat the same way, as an UPDATE. A grant's
-		// lease is under no heartbeat. "notified" sends the wake-up for a
+		// lease is under no heartbeat; it records the candidate's
+		// priority and why it was granted (grantReasonSQL), and clears any
+		// request and reservation. "notified" sends the wake-up for a
 		// grant, and "durable" makes its commit durable (durableCommit).
 		// When nothing was granted, "existing" reports the row, locked FOR
 		// UPDATE so that it too is the row as it stands and not as it was
@@ -62,69 +65,90 @@ func newStatements(opts Options) statements {
 		// reported free when it is not, which costs the caller one more
 		// attempt but grants it nothing.
 		//
+		// A released lease reserved for another candidate's token (see
+		// ReleaseTo) is not free. "reserved" finds it so in the
+		// statement's snapshot: then the statement neither tries to
+		// insert nor locks the row, and reports the reservation from the
+		// snapshot (the fourth branch), so that the candidates a handover
+		// wakes besides the successor never hold up its grant on the
+		// row's lock. A reservation committed after the snapshot is
+		// judged by ON CONFLICT, on the row as it stands.
+		//
 		// "st" locks the name's row of the strategy table (FOR KEY SHARE,
 		// which only a claim's FOR UPDATE waits for) if it names the lease
 		// strategy; only then is anything granted, with a term above the
-		// row's term_floor. The last column, "mine", says whether it did:
+		// row's term_floor. The column "mine" says whether it did:
 		// when it is false the caller claims the name (claimStrategy) and
 		// tries again. The third branch answers for a name with no row in
 		// either table. "ep" and "seen" hold off every grant, a re-grant
 		// too, for a TTL after a failover, and lift its term above the
-		// earlier timelines' (see epochCTEs).
+		// earlier timelines' (see epochCTEs). The last columns are the
+		// transfer columns (transferColumns).
 		acquire: fmt.Sprintf(`
 WITH st AS MATERIALIZED (
 	SELECT s.term_floor FROM %[7]s AS s WHERE s.name = $1 AND s.strategy = 'lease' FOR KEY SHARE
-), %[8]s, killed AS (
+), %[8]s, reserved AS MATERIALIZED (
+	SELECT l.term, %[9]s FROM %[1]s AS l WHERE l.name = $1 AND %[10]s
+), killed AS (
 	UPDATE %[5]s AS h SET dead = true
 	FROM %[1]s AS k
 	WHERE k.name = $1 AND h.id = k.heartbeat AND h.expires_at <= clock_timestamp()
 	RETURNING h.id
 ), granted AS (
-	INSERT INTO %[1]s AS l (name, term, holder_token, holder_id, acquired_at, renewed_at, expires_at)
-	SELECT $1, greatest(st.term_floor, ep.floor) + 1, $2, $3, c.now, c.now, c.now + $4::interval
+	INSERT INTO %[1]s AS l (name, term, holder_token, holder_id, acquired_at, renewed_at, expires_at, priority, reason)
+	SELECT $1, greatest(st.term_floor, ep.floor) + 1, $2, $3, c.now, c.now, c.now + $4::interval, $6, ''
 	FROM clock_timestamp() AS c(now), st, ep
-	WHERE ep.ok
+	WHERE ep.ok AND NOT EXISTS (SELECT FROM reserved)
 	ON CONFLICT (name) DO UPDATE
-	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat) = (
-		SELECT greatest(l.term, st.term_floor, ep.floor) + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL
+	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, priority, reason, %[11]s) = (
+		SELECT greatest(l.term, st.term_floor, ep.floor) + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL,
+			excluded.priority, %[12]s, %[13]s
 		FROM clock_timestamp() AS c(now), st, ep
 	)
-	WHERE (SELECT ep.ok FROM ep) AND (
+	WHERE (SELECT ep.ok FROM ep) AND NOT %[14]s AND (
 		l.holder_token IS NULL
 		OR l.holder_token = excluded.holder_token
 		OR (l.heartbeat IS NULL AND l.expires_at <= clock_timestamp())
 		OR l.heartbeat IN (SELECT id FROM killed))
-	RETURNING l.name, l.term, l.holder_id, l.acquired_at, l.expires_at
+	RETURNING l.name, l.term, l.holder_id, l.acquired_at, l.expires_at, %[9]s
 ), notified AS (
 	SELECT pg_notify($5, %[2]s) FROM granted
 ), durable AS (
 	SELECT %[4]s FROM granted
 ), existing AS (
-	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, %[6]s AS expires_at
+	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, %[6]s AS expires_at, %[9]s
 	FROM %[1]s AS l
-	WHERE l.name = $1
+	WHERE l.name = $1 AND NOT EXISTS (SELECT FROM reserved)
 	FOR UPDATE OF l
 )
 SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
-	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable), true
+	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable), true, %[15]s
 FROM granted AS g
 UNION ALL
 SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, nullif(l.expires_at, '-infinity'),
-	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0, EXISTS (SELECT FROM st)
+	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0, EXISTS (SELECT FROM st), %[16]s
 FROM existing AS l, clock_timestamp() AS c(now)
 WHERE NOT EXISTS (SELECT FROM granted)
 UNION ALL
-SELECT false, 0::bigint, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, false
-WHERE NOT EXISTS (SELECT FROM st) AND NOT EXISTS (SELECT FROM %[1]s AS l WHERE l.name = $1)`,
+SELECT false, 0::bigint, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, false, %[17]s
+WHERE NOT EXISTS (SELECT FROM st) AND NOT EXISTS (SELECT FROM %[1]s AS l WHERE l.name = $1)
+UNION ALL
+SELECT false, r.term, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, EXISTS (SELECT FROM st), %[18]s
+FROM reserved AS r`,
 			table, grantPayload, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), st,
-			epochCTEs(opts.qualifiedEpochTable(), "$4::interval")),
+			epochCTEs(opts.qualifiedEpochTable(), "$4::interval"),
+			transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
+			grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
+			reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r")),
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired
 		// lease held by its token under its term, on one reading of the
 		// server's clock, on its own expiry (taking it out from under a
-		// heartbeat); never inserts. Returns the leases renewed.
-		// "durable" (one row) makes the commit durable (durableCommit).
+		// heartbeat); never inserts. Returns the leases renewed, with
+		// their transfer columns (a pending request is what the holder
+		// reads there). "durable" (one row) makes the commit durable
+		// (durableCommit).
 		renewBatch: fmt.Sprintf(`
 WITH durable AS (
 	SELECT %[2]s
@@ -135,30 +159,50 @@ FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS r(name, token
 	clock_timestamp() AS c(now), durable
 WHERE l.name = r.name AND l.holder_token = r.token AND l.term = r.term
 	AND %[3]s > c.now
-RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_at, l.expires_at - clock_timestamp()`, table, durableCommit, expiry(hb)),
+RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_at, l.expires_at - clock_timestamp(), %[4]s`,
+			table, durableCommit, expiry(hb), transferColumns("l")),
 
-		// Release: $1 name, $2 token, $3 term, $4 channel. Frees an
+		// Release: $1 name, $2 token, $3 term, $4 channel, and, for a
+		// handover (ReleaseTo), $5 the successor's token, $6 its
+		// candidate ID, $7 the reason of its grant, $8 how long the lease
+		// is reserved for it (all NULL for a plain release). Frees an
 		// unexpired lease held by the token under the term, keeping the
-		// term, and sends the wake-up in the same statement (it is
-		// delivered when the statement commits). Returns 1 if released.
+		// term and clearing any request, records the reservation (none
+		// for a plain release), and sends the wake-up in the same
+		// statement (it is delivered when the statement commits).
+		// Returns 1 if released.
 		release: fmt.Sprintf(`
 WITH released AS (
 	UPDATE %[1]s AS l
-	SET holder_token = NULL, holder_id = '', acquired_at = NULL, renewed_at = NULL, expires_at = NULL, heartbeat = NULL,
-		released_at = clock_timestamp()
+	SET (holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, released_at, %[4]s) = (
+		NULL, '', NULL, NULL, NULL, NULL, c.now, NULL, NULL, NULL, $5, $6, $7, c.now + $8::interval)
+	FROM clock_timestamp() AS c(now)
 	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
 		AND %[3]s > clock_timestamp()
 	RETURNING l.name
 ), notified AS (
 	SELECT pg_notify($4, %[2]s) FROM released
 )
-SELECT count(*) FROM notified`, table, releasePayload, expiry(hb)),
+SELECT count(*) FROM notified`, table, releasePayload, expiry(hb), clearedTransfer),
 
 		// Observe: $1 name.
 		observe: fmt.Sprintf(`
 SELECT l.term, %[2]s, l.holder_id, l.acquired_at, nullif(%[3]s, '-infinity'),
-	CASE WHEN %[2]s THEN %[3]s - c.now ELSE interval '0' END
+	CASE WHEN %[2]s THEN %[3]s - c.now ELSE interval '0' END, %[4]s
 FROM %[1]s AS l, clock_timestamp() AS c(now)
-WHERE l.name = $1`, table, heldAt(hb, "c.now"), expiry(hb)),
+WHERE l.name = $1`, table, heldAt(hb, "c.now"), expiry(hb), transferColumns("l")),
+
+		// Request, RequestTransfer's: $1 name, $2 the candidate ID asked
+		// for, $3 the reason, $4 how long it stays pending (NULL clears
+		// it). Records the request on a lease held, on the server's
+		// clock, and returns the lease as Observe does; no row if the
+		// lease is not held.
+		request: fmt.Sprintf(`
+UPDATE %[1]s AS l
+SET (request_to, request_reason, request_until) = ($2, $3, c.now + $4::interval)
+FROM clock_timestamp() AS c(now)
+WHERE l.name = $1 AND %[2]s
+RETURNING l.term, true, l.holder_id, l.acquired_at, %[3]s, %[3]s - clock_timestamp(), %[4]s`,
+			table, heldAt(hb, "c.now"), expiry(hb), transferColumns("l")),
 	}
 }

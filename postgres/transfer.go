@@ -1,0 +1,280 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leaderelect/leader"
+)
+
+// Transfers (leader.Transferer), what both strategies share: the
+// candidates' table, and how a statement reports a lease's transfer
+// columns (migration 009). See "Transfers" in the package documentation.
+
+// transferRow is what a statement reports of a lease row's transfer
+// columns: the holder's priority and the reason of the last grant, the
+// pending request (with how long it has left, on the server's clock), and
+// the reservation (likewise). A request or a reservation whose time has
+// run out, or that the lease's state makes moot, is not reported. Every
+// column may be NULL (a lease that a statement did not find).
+type transferRow struct {
+	priority     *int32
+	reason       *string
+	requestTo    *string
+	requestWhy   *string
+	requestLeft  *time.Duration
+	successorID  *string
+	reservedLeft *time.Duration
+}
+
+// transferColumns is the SQL select list of a lease row a's transfer
+// columns, named as transferNames names them, in the order
+// transferRow.dest scans them.
+func transferColumns(a string) string {
+	return fmt.Sprintf(`%[1]s.priority, %[1]s.reason, %[1]s.request_to, %[1]s.request_reason,
+	%[1]s.request_until - clock_timestamp() AS request_left, %[1]s.successor_id,
+	%[1]s.reserved_until - clock_timestamp() AS reserved_left`, a)
+}
+
+// transferNames is the SQL select list of the columns of transferColumns,
+// as the rows of a CTE or subquery a that selected them.
+func transferNames(a string) string {
+	return fmt.Sprintf(`%[1]s.priority, %[1]s.reason, %[1]s.request_to, %[1]s.request_reason, %[1]s.request_left,
+	%[1]s.successor_id, %[1]s.reserved_left`, a)
+}
+
+// noTransfer is the SQL select list of transferColumns for a lease that
+// has no row.
+const noTransfer = `0, '', NULL::text, NULL::text, NULL::interval, NULL::text, NULL::interval`
+
+// dest returns the scan targets of the columns of transferColumns.
+func (r *transferRow) dest() []any {
+	return []any{&r.priority, &r.reason, &r.requestTo, &r.requestWhy, &r.requestLeft, &r.successorID, &r.reservedLeft}
+}
+
+// request returns the pending request that r reports, or none (its
+// Remaining zero).
+func (r transferRow) request() leader.TransferRequest {
+	if r.requestLeft == nil || *r.requestLeft <= 0 {
+		return leader.TransferRequest{}
+	}
+	return leader.TransferRequest{To: deref(r.requestTo), Reason: leader.GrantReason(deref(r.requestWhy)), Remaining: *r.requestLeft}
+}
+
+// holderPriority returns the holder's priority that r reports.
+func (r transferRow) holderPriority() int {
+	if r.priority == nil {
+		return 0
+	}
+	return int(*r.priority)
+}
+
+// grantReason returns the reason of the grant that r reports.
+func (r transferRow) grantReason() leader.GrantReason {
+	return leader.GrantReason(deref(r.reason))
+}
+
+// apply reports r in l, whose holder and Remaining are set: the priority
+// and a pending request of a lease held, the reservation of one that is
+// not.
+func (r transferRow) apply(l *leader.Lease) {
+	l.Reason = r.grantReason()
+	if l.Held() {
+		l.Priority = r.holderPriority()
+		l.Transfer = r.request()
+		return
+	}
+	if r.successorID != nil && r.reservedLeft != nil && *r.reservedLeft > 0 {
+		l.Successor, l.Reserved = *r.successorID, *r.reservedLeft
+	}
+}
+
+// reservedForOther returns the SQL condition that the released lease of
+// row a is reserved, at the server's now, for a token other than the one
+// in token (an SQL expression); false (not NULL) when it is not reserved.
+func reservedForOther(a, token string) string {
+	return fmt.Sprintf(`coalesce(%[1]s.holder_token IS NULL AND %[1]s.reserved_until > clock_timestamp() AND %[1]s.successor_token <> %[2]s, false)`, a, token)
+}
+
+// grantReasonSQL returns the SQL expression of why a grant to the token in
+// token (an SQL expression) is made, from the lease row a as it stood
+// before the grant, where held is the SQL condition that a was held then:
+// the reservation's reason for its successor, 'release' for a released
+// lease, the empty reason for the holder while it held it, and 'expiry'
+// otherwise (its holder went without a release).
+func grantReasonSQL(a, token, held string) string {
+	return fmt.Sprintf(`CASE
+			WHEN %[1]s.holder_token IS NULL AND %[1]s.successor_token = %[2]s AND %[1]s.reserved_until > clock_timestamp() THEN %[1]s.successor_reason
+			WHEN %[1]s.holder_token IS NULL THEN 'release'
+			WHEN %[1]s.holder_token = %[2]s AND %[3]s THEN ''
+			ELSE 'expiry'
+		END`, a, token, held)
+}
+
+// clearedTransfer is the SQL list of the transfer columns that a grant or
+// a release clears, and clearedValues their values: no request, no
+// reservation.
+const (
+	clearedTransfer = `request_to, request_reason, request_until, successor_token, successor_id, successor_reason, reserved_until`
+	clearedValues   = `NULL::text, NULL::text, NULL::timestamptz, NULL::text, NULL::text, NULL::text, NULL::timestamptz`
+)
+
+// candidateStatements are the statements on the candidates' table.
+type candidateStatements struct {
+	// enlist: $1 name, $2 token, $3 candidate ID, $4 priority, $5 ttl,
+	// $6 the store's strategy. One upsert: the entry of the token, until
+	// ttl from the server's now; none while the strategy table gives the
+	// name to the other strategy (whose leader could otherwise pick, as
+	// its successor, a candidate that cannot take its lease). Returns a
+	// row if it enlisted.
+	enlist string
+	// withdraw: $1 name, $2 token. Deletes the entry of the token, and
+	// the name's entries that have run out (of candidates that stopped
+	// without withdrawing), so that the table keeps to the candidates
+	// that campaign.
+	withdraw string
+	// list: $1 name. The name's entries that have not run out.
+	list string
+}
+
+func newCandidateStatements(opts Options) candidateStatements {
+	t := opts.qualifiedCandidateTable()
+	return candidateStatements{
+		enlist: fmt.Sprintf(`
+INSERT INTO %[1]s AS c (name, token, id, priority, expires_at)
+SELECT $1, $2, $3, $4, clock_timestamp() + $5::interval
+WHERE NOT EXISTS (SELECT FROM %[2]s AS s WHERE s.name = $1 AND s.strategy <> $6)
+ON CONFLICT (name, token) DO UPDATE SET (id, priority, expires_at) = (excluded.id, excluded.priority, excluded.expires_at)
+RETURNING true`, t, opts.qualifiedStrategyTable()),
+		withdraw: fmt.Sprintf(`
+DELETE FROM %[1]s AS c WHERE c.name = $1 AND (c.token = $2 OR c.expires_at <= clock_timestamp())`, t),
+		list: fmt.Sprintf(`
+SELECT c.id, c.token, c.priority FROM %[1]s AS c WHERE c.name = $1 AND c.expires_at > clock_timestamp()`, t),
+	}
+}
+
+// candidates is what both stores keep to serve Enlist, Withdraw and
+// Candidates: their own pool, their strategy and the statements.
+type candidates struct {
+	pool     *pgxpool.Pool
+	opts     Options
+	strategy Strategy
+	sql      candidateStatements
+}
+
+// newCandidates returns the candidates of the stores of strategy on pool.
+func newCandidates(pool *pgxpool.Pool, opts Options, strategy Strategy) candidates {
+	return candidates{pool: pool, opts: opts, strategy: strategy, sql: newCandidateStatements(opts)}
+}
+
+// Enlist implements leader.Transferer: one statement, an upsert of c's
+// entry in the candidates' table, until ttl from the server's now. It
+// refuses, with an error, while the strategy table gives name to the other
+// strategy: a candidate of this store could not take a lease of that one
+// (see One strategy per name in the package documentation); the store's
+// Acquire then says so too, or claims the name.
+func (cs candidates) Enlist(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) error {
+	ctx, cancel := cs.opts.bound(ctx)
+	defer cancel()
+	const op = "enlist"
+	if err := checkTTL(op, name, ttl); err != nil {
+		return err
+	}
+	if err := checkPriority(op, name, c); err != nil {
+		return err
+	}
+	var enlisted bool
+	err := cs.pool.QueryRow(ctx, cs.sql.enlist, name, c.Token, c.ID, int32(c.Priority), interval(ttl), string(cs.strategy)).Scan(&enlisted)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("postgres: %s %q: the name is elected with the %s strategy, and this candidate uses the %s strategy",
+			op, name, cs.strategy.other(), cs.strategy)
+	case err != nil:
+		return wrapError(ctx, call(op, name), err)
+	}
+	return nil
+}
+
+// Withdraw implements leader.Transferer. It also deletes the entries of
+// name that have run out.
+func (cs candidates) Withdraw(ctx context.Context, name, token string) error {
+	ctx, cancel := cs.opts.bound(ctx)
+	defer cancel()
+	if _, err := cs.pool.Exec(ctx, cs.sql.withdraw, name, token); err != nil {
+		return wrapError(ctx, call("withdraw", name), err)
+	}
+	return nil
+}
+
+// Candidates implements leader.Transferer: the entries of name that have
+// not run out, on the server's clock.
+func (cs candidates) Candidates(ctx context.Context, name string) ([]leader.Candidate, error) {
+	ctx, cancel := cs.opts.bound(ctx)
+	defer cancel()
+	rows, err := cs.pool.Query(ctx, cs.sql.list, name)
+	if err != nil {
+		return nil, wrapError(ctx, call("list the candidates of", name), err)
+	}
+	var (
+		c        leader.Candidate
+		priority int32
+		out      []leader.Candidate
+	)
+	_, err = pgx.ForEachRow(rows, []any{&c.ID, &c.Token, &priority}, func() error {
+		c.Priority = int(priority)
+		out = append(out, c)
+		return nil
+	})
+	if err != nil {
+		return nil, wrapError(ctx, call("list the candidates of", name), err)
+	}
+	return out, nil
+}
+
+// checkPriority refuses a priority outside the 32 bits that the tables
+// keep (leader.MinPriority to leader.MaxPriority, as Config checks).
+func checkPriority(op, name string, c leader.Candidate) error {
+	if c.Priority < math.MinInt32 || c.Priority > math.MaxInt32 {
+		return fmt.Errorf("postgres: %s %q: priority %d of %s is outside %d..%d", op, name, c.Priority, c.ID, leader.MinPriority, leader.MaxPriority)
+	}
+	return nil
+}
+
+// checkHandover refuses a handover that no store could make: to no
+// token, for no time, for a reason that is not a handover's, or with a
+// term no grant has.
+func checkHandover(name string, term uint64, successor leader.Candidate, reason leader.GrantReason, hold time.Duration) error {
+	switch {
+	case term > math.MaxInt64:
+		return fmt.Errorf("postgres: release %q term %d to %s: %w", name, term, successor.ID, leader.ErrLeaseLost)
+	case successor.Token == "":
+		return fmt.Errorf("postgres: release %q term %d to %s: the successor has no token", name, term, successor.ID)
+	case hold <= 0:
+		return fmt.Errorf("postgres: release %q term %d to %s: hold must be positive, is %v", name, term, successor.ID, hold)
+	case reason != leader.GrantTransfer && reason != leader.GrantPriority:
+		return fmt.Errorf("postgres: release %q term %d to %s: reason %q is not %q or %q", name, term, successor.ID, reason, leader.GrantTransfer, leader.GrantPriority)
+	}
+	return nil
+}
+
+// requestArgs returns the request's columns as statement arguments: the
+// candidate ID, the reason, and how long it stays pending (NULL, which
+// clears it, for a ttl that is not positive).
+func requestArgs(req leader.TransferRequest, ttl time.Duration) (to, why string, pending *time.Duration) {
+	if ttl > 0 {
+		iv := interval(ttl)
+		pending = &iv
+	}
+	return req.To, string(req.Reason), pending
+}
+
+// noLeader is RequestTransfer's error when the lease is not held.
+func noLeader(name string) error {
+	return fmt.Errorf("postgres: request transfer %q: %w", name, leader.ErrNoLeader)
+}
