@@ -47,8 +47,8 @@ SIGINT or SIGTERM to "leader run" stops the command the same way and hands
 the lease over to the best other instance (the highest --priority; among
 equals, any), which starts its command at once while the others wait; then
 it exits. If no other instance campaigns, or the one chosen does not take
-the lease within --ttl, the lease is released as usual (another instance
-takes over at once). A second signal kills the command with SIGKILL at once.
+the lease within a third of --ttl (it was killed, say), the lease is
+released as usual (another instance takes over at once). A second signal kills the command with SIGKILL at once.
 
 --priority ranks instances as successors: an instance whose --priority is
 above the leader's asks it to hand over, and the leader does once it has
@@ -183,9 +183,10 @@ func runRun(a *app, ctx context.Context, args []string) int {
 		return fail(err)
 	}
 
-	// The Elector runs until the command is done with, or a signal has
-	// ended ctx and the lease was handed over (see below).
-	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	// The Elector runs until the command is done with, or a signal ends
+	// ctx: then a leader hands over to the best other instance
+	// (Config.HandOverOnStop) and Run returns.
+	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	var (
 		exitMu   sync.Mutex
@@ -209,14 +210,17 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	var elector *leader.Elector
 	quiet := func() bool { return elector != nil && elector.Status().LastContact.IsZero() }
 	cfg := leader.Config{
-		Name:      o.name,
-		ID:        o.id,
-		TTL:       o.ttl,
-		Priority:  o.priority,
-		StopGrace: o.grace + killMargin(o.ttl),
-		Logger:    slog.New(refusalFilter{Handler: log.Handler(), quiet: quiet}),
-		OnElected: runner.onElected,
-		OnDemoted: runner.onDemoted,
+		Name:     o.name,
+		ID:       o.id,
+		TTL:      o.ttl,
+		Priority: o.priority,
+		// SIGINT/SIGTERM hands over rather than releases: the best other
+		// instance starts at once while the others wait.
+		HandOverOnStop: true,
+		StopGrace:      o.grace + killMargin(o.ttl),
+		Logger:         slog.New(refusalFilter{Handler: log.Handler(), quiet: quiet}),
+		OnElected:      runner.onElected,
+		OnDemoted:      runner.onDemoted,
 	}
 	// Refuse bad settings before opening anything.
 	if err := validateConfig(cfg); err != nil {
@@ -301,13 +305,6 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	}
 	attrs = append(attrs, slog.Duration("ttl", o.ttl), slog.Duration("grace", o.grace))
 	log.Info("electing", attrs...)
-	// On the first SIGINT/SIGTERM, a leader hands over to the best other
-	// instance before Run ends (which would only release the lease).
-	stopHandover := context.AfterFunc(ctx, func() {
-		handOver(runCtx, elector, o.ttl, log)
-		stopRun()
-	})
-	defer stopHandover()
 	if err := elector.Run(runCtx); err != nil {
 		if conflict := strategyConflict(err); conflict != nil {
 			return fail(conflict)
@@ -317,29 +314,6 @@ func runRun(a *app, ctx context.Context, args []string) int {
 	exitMu.Lock()
 	defer exitMu.Unlock()
 	return exitCode
-}
-
-// handOver hands e's leadership, if it leads, to the best other candidate,
-// and waits until that one holds the lease or within (plus the time to stop
-// the command) has passed; then Run's ending finds nothing to release.
-// With no other candidate, or one that does not take the lease, the lease
-// is released as usual (by Run, or when the reservation lapses).
-func handOver(ctx context.Context, e *leader.Elector, within time.Duration, log *slog.Logger) {
-	if !e.IsLeader() {
-		return
-	}
-	tctx, cancel := context.WithTimeout(ctx, 2*within)
-	defer cancel()
-	l, err := e.Transfer(tctx, "")
-	switch {
-	case err == nil:
-		log.Info("handed over", slog.String("successor", l.HolderID), slog.Uint64("term", l.Term))
-	case errors.Is(err, leader.ErrNotLeader):
-	case errors.Is(err, leader.ErrNoCandidate):
-		log.Info("no other instance campaigns; releasing the lease")
-	default:
-		log.Warn("handing over failed; the lease is released", slog.Any("error", err))
-	}
 }
 
 // validateConfig runs leader.New's checks on cfg without a store.

@@ -25,9 +25,9 @@ command as on loss, then releases the lease reserved for the successor,
 which starts its command at once with the next term while the other
 instances wait. Prints the new leader once it holds the lease.
 
-If the successor does not take the lease within the leader's --ttl (it
-stopped, or cannot reach the store), the lease is released as usual and any
-instance may take it: transfer then fails (exit code 1), saying who leads.
+If the successor does not take the lease within a third of the leader's
+--ttl (it stopped, or cannot reach the store), the lease is released as
+usual and any instance may take it: transfer then fails (exit code 1), saying who leads.
 
 Exit codes: 0 handed over, 1 not handed over (nobody leads, no instance
 with that ID campaigns, the successor did not take the lease, --timeout

@@ -55,6 +55,7 @@ func TestPasswordsNeverShowOnAServerThatChecksThem(t *testing.T) {
 			"GRANT SELECT, INSERT ON public.leader_leases_epochs TO " + r,
 			"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_heartbeats TO " + r,
 			"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_messages TO " + r,
+			"GRANT SELECT, INSERT, UPDATE, DELETE ON public.leader_leases_candidates TO " + r,
 		} {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			_, err := pool.Exec(ctx, sql)
