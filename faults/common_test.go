@@ -23,8 +23,11 @@ import (
 // scenario write their terms to, through a pool that no fault touches, and
 // the count of each term's accepted writes.
 type fence struct {
-	reg        *fenced.Register
-	pool       *pgxpool.Pool
+	reg  *fenced.Register
+	pool *pgxpool.Pool
+	// tx, if not nil, makes a fenced transaction in the election's
+	// database after each of the work's writes to the register.
+	tx         *fencedWork
 	mu         sync.Mutex
 	acceptedBy map[uint64]int // accepted writes per term
 }
@@ -47,15 +50,20 @@ func (f *fence) written(term uint64) int {
 }
 
 // work is a leader's work: write the term to the register every writeEvery
-// until leadership ends. A write already sent when it ends is let finish.
+// until leadership ends, each time followed by a fenced transaction if f.tx
+// is set. A write already sent when it ends is let finish.
 func (f *fence) work(t *testing.T, ctx context.Context, id string) {
 	term, _ := leader.TermFrom(ctx)
 	tick := time.NewTicker(writeEvery)
 	defer tick.Stop()
 	for i := 0; ; i++ {
+		value := fmt.Sprintf("%s/%d/%d", id, term, i)
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		accepted, err := f.reg.Write(wctx, f.pool, resource, term, id, fmt.Sprintf("%s/%d/%d", id, term, i))
+		accepted, err := f.reg.Write(wctx, f.pool, resource, term, id, value)
 		cancel()
+		if f.tx != nil {
+			fenceTx(t, ctx, f.tx, id, term, value)
+		}
 		switch {
 		case err != nil:
 			t.Errorf("%s: %v", id, err)

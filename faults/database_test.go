@@ -236,7 +236,8 @@ func runDatabaseScenario(t *testing.T, f databaseFault, strategy string, trials 
 	}
 
 	s.stop(t)
-	return s.check(t, dir, trials, takenTerms, maxDatabaseTakeover+maxOutage)
+	r, _ := s.check(t, dir, trials, takenTerms, maxDatabaseTakeover+maxOutage)
+	return r
 }
 
 // migrate creates the stores' tables in connString's database.
@@ -270,11 +271,11 @@ func (s *databaseScenario) stop(t *testing.T) {
 }
 
 // check checks the histories of beliefs and of the register, and returns the
-// scenario's result. Takeovers are counted only from the faulted leaders
-// that were followed by another term: a leader that led on through its
-// fault was not taken over, and the handovers when the scenario stops its
-// Electors are not the fault's.
-func (s *databaseScenario) check(t *testing.T, dir string, trials int, takenTerms []uint64, maxTakeover time.Duration) result {
+// scenario's result and the report on the beliefs. Takeovers are counted
+// only from the faulted leaders that were followed by another term: a
+// leader that led on through its fault was not taken over, and the
+// handovers when the scenario stops its Electors are not the fault's.
+func (s *databaseScenario) check(t *testing.T, dir string, trials int, takenTerms []uint64, maxTakeover time.Duration) (result, history.Report) {
 	evs, err := history.Load(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +295,7 @@ func (s *databaseScenario) check(t *testing.T, dir string, trials int, takenTerm
 	r.staleRefused, r.staleAccepted = refused, stale
 	t.Logf("%d of %d trials ended in a takeover: %v (bound %v); fenced register: %d writes accepted, %d refused",
 		len(r.takeovers), trials, history.Summarize(r.takeovers), maxTakeover, accepted, refused)
-	return r
+	return r, rep
 }
 
 // newCandidate starts an Elector for id with a pool and a store of its own.

@@ -5,7 +5,9 @@
 // a paused process is the exception no Elector can prevent, see Process
 // faults), terms that never go back (invariant 2), bounded takeover
 // (invariant 4), and a fenced resource that refuses every write a deposed
-// leader makes once its successor has written.
+// leader makes once its successor has written. The process and promotion
+// faults also check the library's own fence, postgres.Fence (see Fenced
+// transactions).
 //
 // # Network faults
 //
@@ -73,7 +75,53 @@
 //
 // In both, the register's history must be linearizable and no stale write
 // may be accepted: the fence, not the Elector, is what keeps a paused
-// leader's writes out.
+// leader's writes out. Each of the child's writes to the register, the
+// resumed one included, is followed by a fenced transaction with the same
+// term (see Fenced transactions), in the scenario's database, which holds
+// the lease table too; the transactions the paused leader makes with its
+// term after SIGCONT (the resumed one, and any its leader work makes
+// before its overdue timer cancels it) are that trial's stale ones.
+//
+// # Fenced transactions
+//
+// In the process faults and the promotion fault, the leader work also
+// writes to a table of the test's own, fenced_work, in the election's
+// database: a transaction (pgx.BeginFunc) that calls postgres.Fence with the
+// election name and the term the work was granted, then inserts the
+// writer, that term, a unique value, and the term the stores' status view
+// shows for the election (read after Fence has locked the lease row: the
+// term that holds the lease when the transaction commits), and commits.
+// Each transaction is recorded (fencetx_test.go) as committed, refused
+// (leader.ErrLeaseLost: Fence refused the term) or failed (anything else,
+// such as a server that cannot be reached; counted apart), with its
+// CLOCK_MONOTONIC start and end. The sessions of these transactions set
+// idle_in_transaction_session_timeout to a TTL: a process paused inside a
+// fenced transaction holds the lease row's lock, for which every grant
+// waits, so the server must end its session for a successor to be granted,
+// as it should in a deployment. The checks:
+//
+//   - per trial, the stale transactions: those the deposed leader made
+//     with its term once its lease was lost (after SIGCONT, or after the
+//     promotion). There must be at least one, the one the trial is built
+//     to make (the paused leader's write in flight on resuming, or the old
+//     leader's write on the promoted server), at least one refused (so
+//     that the check cannot pass vacuously) and none committed; and the
+//     successor must have committed some with its term, so that the fence
+//     does not just refuse everything. Each trial logs one line,
+//     "fence-stale fault=%q strategy=%s trial=%d writer=%s term=%d
+//     attempted=%d refused=%d accepted=%d failed=%d", for a soak to
+//     tabulate;
+//   - over the scenario (and in the SIGKILL scenario too), no transaction
+//     that began after a leader with a greater term was elected (its
+//     OnElected, in the history of beliefs) committed;
+//   - the table afterwards: every row's term is the lease's term read in
+//     its transaction, a term the history shows its writer was granted,
+//     and no smaller than that of any row inserted before it (terms never
+//     go back); no refused transaction's row is there.
+//
+// Taking Fence out of the transaction (tried by hand, not committed) fails
+// all three: the stale transactions commit, with a lease term that is the
+// successor's.
 //
 // # Database faults
 //
@@ -173,7 +221,16 @@
 // on a server the new one cannot see), no term regression, and no takeover
 // slower than the outage (from the vanishing to the end of the promotion)
 // plus 2 TTL; the register's history must be linearizable with no stale
-// write accepted.
+// write accepted. The leaders' fenced transactions go to the primary of
+// the moment, as from a client whose connection string follows the
+// primary: to the primary until the promotion (straight to its port, so
+// that once it is gone they fail at once instead of hanging on the black
+// hole), then to the promoted server. So the old leader's work, which
+// believes it leads until its local deadline, goes on making them with
+// its term after the promotion, on the promoted server; and after the
+// takeover the test makes one more on its behalf there. Those are the
+// trial's stale transactions, which Fence must refuse; the table is
+// checked on the promoted server (see Fenced transactions).
 //
 // # Wall clock
 //
@@ -195,8 +252,9 @@
 // CI mode, the default, runs every fault on every strategy (lease and
 // advisory) a few times, the scenarios in parallel, within a few minutes on
 // two cores, and logs a row per scenario: fault, strategy, trials, overlaps,
-// term regressions, stale writes refused and accepted, and takeover
-// p50/p99/max.
+// term regressions, stale writes refused and accepted, stale fenced
+// transactions attempted, refused, accepted and failed (a dash in the
+// scenarios that make none), and takeover p50/p99/max.
 //
 // Soak mode runs the scenarios over and over, for as long as the environment
 // variable LEADER_SOAK (a Go duration) says, then prints a markdown table of

@@ -85,8 +85,10 @@ func TestCandidateChildProcess(t *testing.T) {
 	signal.Notify(resumed, syscall.SIGCONT)
 	defer signal.Stop(resumed)
 
-	// The store and the writes have a pool each, so that writes never
-	// queue for a connection behind renewals or the other way round.
+	// The store, the register's writes and the fenced transactions have
+	// a pool each, so that writes never queue for a connection behind
+	// renewals or the other way round, and so that the server's ending a
+	// session idle in a fenced transaction touches no other.
 	storePool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatalf("%s: store pool: %v", id, err)
@@ -97,6 +99,15 @@ func TestCandidateChildProcess(t *testing.T) {
 		t.Fatalf("%s: work pool: %v", id, err)
 	}
 	defer workPool.Close()
+	txCfg, err := txPoolConfig(url)
+	if err != nil {
+		t.Fatalf("%s: fenced transactions' pool: %v", id, err)
+	}
+	txPool, err := pgxpool.NewWithConfig(ctx, txCfg)
+	if err != nil {
+		t.Fatalf("%s: fenced transactions' pool: %v", id, err)
+	}
+	defer txPool.Close()
 	store, closeStore, err := childStoreFor(ctx, strategy, storePool, postgres.Options{Logger: log})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -131,7 +142,17 @@ func TestCandidateChildProcess(t *testing.T) {
 		}
 	}()
 
-	c := &candidateProcess{t: t, id: id, dir: dir, log: log, reg: reg, pool: workPool}
+	work, err := newFencedWork(strategy, txPool, dir, id)
+	if err != nil {
+		t.Fatalf("%s: %v", id, err)
+	}
+	defer func() {
+		if err := work.close(); err != nil {
+			t.Errorf("%s: closing the fenced transactions' log: %v", id, err)
+		}
+	}()
+
+	c := &candidateProcess{t: t, id: id, dir: dir, log: log, reg: reg, pool: workPool, work: work}
 	onElected, onDemoted := rec.Hooks(id)
 	e, err := leader.New(rec.Store(store, id), leader.Config{
 		Name:   election,
@@ -183,6 +204,7 @@ type candidateProcess struct {
 	log  *slog.Logger
 	reg  *fenced.Register
 	pool *pgxpool.Pool // for the register's writes
+	work *fencedWork   // the fenced transactions, in the election's database
 
 	mu          sync.Mutex
 	leaderships []leadership
@@ -282,7 +304,8 @@ func (c *candidateProcess) writeOnResume(ctx context.Context, resumed <-chan os.
 }
 
 // write writes (term, value) to the register, fails the test if the write
-// fails, and logs a refusal.
+// fails, and logs a refusal; then it makes a fenced transaction with term
+// and value (fencedWork.write), which the test checks from its log.
 func (c *candidateProcess) write(ctx context.Context, term uint64, value string) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -295,4 +318,5 @@ func (c *candidateProcess) write(ctx context.Context, term uint64, value string)
 		// register is fenced; the test counts them.
 		c.log.Warn("write refused: a greater term has written", slog.Uint64("term", term), slog.String("value", value))
 	}
+	fenceTx(c.t, ctx, c.work, c.id, term, value)
 }

@@ -132,6 +132,8 @@ func runKillScenario(t *testing.T, strategy string, trials int) result {
 		t.Errorf("%d takeovers from the %d killed leaders (terms %v):\n%v", len(r.takeovers), len(killedTerms), killedTerms, rep)
 	}
 	s.checkRegister(t, &r)
+	// No trial's own stale transaction: a killed leader makes none.
+	r.fenceTx = s.checkFencedWork(t, rep.Intervals, nil)
 	return r
 }
 
@@ -153,8 +155,8 @@ type pauseTrial struct {
 // paused leader and its successor, terms never regress, each successor is
 // elected within maxProcessTakeover of the pause, each resumed leader stops
 // believing within maxStepDownAfterResume and has the write it had in
-// flight refused, the register's history is linearizable and no stale
-// write is accepted.
+// flight refused, by the register and by postgres.Fence, the register's
+// history is linearizable, and no stale write is accepted by either.
 func runPauseScenario(t *testing.T, strategy string, trials int) result {
 	s := newProcessScenario(t, strategy)
 	var pauses []pauseTrial
@@ -248,7 +250,33 @@ func runPauseScenario(t *testing.T, strategy string, trials int) result {
 		}
 		t.Logf("trial %d: %d more writes by %s's leader work with term %d after SIGCONT: %v", trial, len(again), p.instance, p.term, again)
 	}
+	// The fenced transactions the paused leader made with its term after
+	// SIGCONT: its lease was lost before, since its successor had been
+	// elected and written. Among them is the one in flight.
+	var txTrials []txTrial
+	for trial, p := range pauses {
+		txTrials = append(txTrials, txTrial{
+			fault: "SIGSTOP past the TTL", strategy: strategy, trial: trial,
+			deposed:   tenure{p.instance, p.term},
+			successor: tenure{p.successor, p.successorTerm},
+			lostAt:    p.resumedAt,
+			wantValue: resumedValue(p.instance, p.term),
+		})
+	}
+	r.fenceTx = s.checkFencedWork(t, rep.Intervals, txTrials)
 	return r
+}
+
+// checkFencedWork checks the fenced transactions of every process of the
+// scenario (see the package-level checkFencedWork) and returns the count of
+// stale ones.
+func (s *processScenario) checkFencedWork(t *testing.T, intervals []history.Interval, trials []txTrial) staleTx {
+	t.Helper()
+	ops, err := loadTxOps(s.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return checkFencedWork(t, s.pool, ops, intervals, trials)
 }
 
 // awaitResumedWrite waits for the write that p's leader makes when it
@@ -326,6 +354,7 @@ func newProcessScenario(t *testing.T, strategy string) *processScenario {
 	if err := postgres.Migrate(ctx, s.pool, postgres.Options{}); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
+	setupWorkTable(t, s.pool)
 	var err error
 	if s.reg, err = fenced.Setup(ctx, s.pool, registerTable); err != nil {
 		t.Fatal(err)

@@ -46,7 +46,9 @@ func TestPromotionFault(t *testing.T) {
 // primary's host vanishes, the standby is promoted, and a candidate that
 // first connects then, to the promoted server, must take over with a
 // greater term, within maxPromotionTakeover of the promotion, without
-// overlapping the leader the standby never heard of.
+// overlapping the leader the standby never heard of. The leaders' work
+// also makes fenced transactions on the primary of the moment: none that
+// the old leader makes with its term after the promotion may commit.
 func promotionTrial(t *testing.T, strategy string, trial int) result {
 	c := pgtest.NewReplicatedCluster(t, pgtest.ReplicationOptions{})
 	s := &databaseScenario{fault: databaseFault{name: "promotion"}, strategy: strategy, connString: c.PrimaryProxied()}
@@ -54,7 +56,21 @@ func promotionTrial(t *testing.T, strategy string, trial int) result {
 	// A fresh register per trial, on the shared cluster, which no fault
 	// touches: each trial's terms start again on a fresh cluster.
 	s.fence = setupFence(t, pgtest.OpenPool(t, pgtest.NewDatabase(t)))
+	// The leaders' fenced transactions go to the election's database on
+	// the primary of the moment: the primary, then, once the standby is
+	// promoted, the promoted server. They reach the primary straight, not
+	// through the proxy that its vanishing black-holes: once it is gone
+	// they fail at once (the connection reset, or refused) instead of
+	// hanging, and pgx, which waits up to 15 s for a server to close a
+	// connection cut short, does not hold up the trial's end.
+	primary := openTxPool(t, c.Primary())
+	setupWorkTable(t, primary)
 	dir := t.TempDir()
+	var err error
+	if s.fence.tx, err = newFencedWork(strategy, primary, dir, "electors"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.fence.tx.close() })
 	for i := range candidates {
 		s.cands = append(s.cands, s.newCandidate(t, dir, fmt.Sprint("e", i)))
 	}
@@ -75,6 +91,12 @@ func promotionTrial(t *testing.T, strategy string, trial int) result {
 	c.VanishPrimary(t)
 	c.Promote(t)
 	promoted := time.Now()
+	promotedPool := openTxPool(t, c.Standby())
+	s.fence.tx.use(promotedPool)
+	// Every fenced transaction invoked from now on goes to the promoted
+	// server, where the leader's term, which the standby never heard of,
+	// does not hold the lease.
+	lostAt := monoNow(t)
 	outage := promoted.Sub(injected)
 
 	// A candidate that first connects after the promotion, to the
@@ -94,6 +116,11 @@ func promotionTrial(t *testing.T, strategy string, trial int) result {
 		t.Errorf("trial %d: %s still believes it leads with term %d after %s was elected with term %d", trial, cur.id, term, next.id, nextTerm)
 	}
 	s.fence.lateWrite(t, trial, cur.id, term, nextTerm)
+	// The old leader's fenced transaction after the promotion, on the
+	// promoted server, whatever its work did meanwhile.
+	if _, err := s.fence.tx.write(callCtx(t), cur.id, term, lateTxValue(cur.id, term)); err != nil {
+		t.Fatal(err)
+	}
 	if reason, at, ok := cur.losses.firstAfter(injected); !ok {
 		t.Errorf("trial %d: %s lost term %d but reported no loss", trial, cur.id, term)
 	} else {
@@ -102,5 +129,17 @@ func promotionTrial(t *testing.T, strategy string, trial int) result {
 	}
 
 	s.stop(t)
-	return s.check(t, dir, 1, []uint64{term}, outage+maxPromotionTakeover)
+	r, rep := s.check(t, dir, 1, []uint64{term}, outage+maxPromotionTakeover)
+	ops, err := loadTxOps(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.fenceTx = checkFencedWork(t, promotedPool, ops, rep.Intervals, []txTrial{{
+		fault: "promotion", strategy: strategy, trial: trial,
+		deposed:   tenure{cur.id, term},
+		successor: tenure{next.id, nextTerm},
+		lostAt:    lostAt,
+		wantValue: lateTxValue(cur.id, term),
+	}})
+	return r
 }

@@ -83,7 +83,11 @@ type result struct {
 	// register made with a deposed leader's term after its successor had
 	// written: refused (as they must be) and accepted (a failure).
 	staleRefused, staleAccepted int
-	takeovers                   []time.Duration
+	// fenceTx counts the transactions fenced with postgres.Fence made
+	// with a term after it lost its lease (process and promotion
+	// faults).
+	fenceTx   staleTx
+	takeovers []time.Duration
 }
 
 func (r *result) add(o result) {
@@ -92,6 +96,7 @@ func (r *result) add(o result) {
 	r.termRegressions += o.termRegressions
 	r.staleRefused += o.staleRefused
 	r.staleAccepted += o.staleAccepted
+	r.fenceTx.add(o.fenceTx)
 	r.takeovers = append(r.takeovers, o.takeovers...)
 }
 
@@ -117,8 +122,8 @@ func (ta *tally) markdown() string {
 	ta.mu.Lock()
 	defer ta.mu.Unlock()
 	var b strings.Builder
-	b.WriteString("| fault | strategy | trials | overlaps | term regressions | stale writes refused | stale writes accepted | takeovers | takeover p50 | takeover p99 | takeover max |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| fault | strategy | trials | overlaps | term regressions | stale writes refused | stale writes accepted | stale Fence tx attempted | stale Fence tx refused | stale Fence tx accepted | stale Fence tx failed | takeovers | takeover p50 | takeover p99 | takeover max |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	keys := slices.SortedFunc(maps.Keys(ta.results), func(a, b [2]string) int {
 		return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]))
 	})
@@ -128,6 +133,7 @@ func (ta *tally) markdown() string {
 	return b.String()
 }
 
+// row returns r as a row of the markdown table that tally.markdown prints.
 func row(fault, strategy string, r result) string {
 	p50, p99, most := "–", "–", "–" // no takeover: the leader led on
 	if len(r.takeovers) > 0 {
@@ -135,9 +141,9 @@ func row(fault, strategy string, r result) string {
 		round := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
 		p50, p99, most = round(sum.P50), round(sum.P99), round(sum.Max)
 	}
-	return fmt.Sprintf("| %s | %s | %d | %d | %d | %d | %d | %d | %s | %s | %s |",
+	return fmt.Sprintf("| %s | %s | %d | %d | %d | %d | %d | %s | %d | %s | %s | %s |",
 		fault, strategy, r.trials, r.overlaps, r.termRegressions, r.staleRefused, r.staleAccepted,
-		len(r.takeovers), p50, p99, most)
+		staleTxCells(r.fenceTx), len(r.takeovers), p50, p99, most)
 }
 
 // rounds runs round(t, trials) once in CI mode, and over and over until
