@@ -28,19 +28,25 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 	failures := 0
 	var readOnlySince time.Time // the first of an unbroken run of ErrReadOnly, before any contact
 	// On a store that can hand leases over, a follower is among the
-	// candidates (enlisted again every TTL), so that a leader can pick it
-	// as its successor: at once after a tenure (it may be handed the
-	// lease back while it sits out), else once an attempt has been
-	// answered without an error, so that an Enlist that succeeds does not
-	// count as contact before an Acquire that the store refuses for good
-	// (Run must then return that refusal at once).
+	// candidates, so that a leader can pick it as its successor. Each
+	// attempt the store refuses enlists it (see Transferer), so it calls
+	// Enlist only when its attempts are further apart than its entry can
+	// bear: when it was last enlisted over 1.5 TTL ago, looked at every
+	// TTL/2, so that its entry (EnlistFactor TTLs) never runs out. Until
+	// an attempt has been answered without an error it does not enlist,
+	// so that an Enlist that succeeds does not count as contact before
+	// an Acquire that the store refuses for good (Run must then return
+	// that refusal at once). After a tenure it enlists half a
+	// RetryInterval in, while it sits out (the lease may be handed back
+	// to it meanwhile), away from the handover it just made.
 	ts, _ := e.store.(Transferer)
 	var enlist *time.Timer
 	var enlistC <-chan time.Time // nil unless ts is
-	enlisted := false
+	var enlistedAt time.Time     // by this campaign; zero before
+	enlisting := ts != nil && e.contacted()
 	if ts != nil {
-		enlist = time.NewTimer(0)
-		if !e.contacted() {
+		enlist = time.NewTimer(e.cfg.RetryInterval / 2)
+		if !enlisting {
 			enlist.Stop()
 		}
 		defer enlist.Stop()
@@ -51,9 +57,10 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 		case <-ctx.Done():
 			return Lease{}, time.Time{}, errStopped
 		case <-enlistC:
-			e.enlist(ctx, ts)
-			enlisted = true
-			enlist.Reset(e.cfg.TTL)
+			if time.Since(enlistedAt) > e.cfg.TTL*3/2 && e.enlist(ctx, ts) {
+				enlistedAt = time.Now()
+			}
+			enlist.Reset(e.cfg.TTL / 2)
 			continue
 		case _, open := <-*wake:
 			if !open {
@@ -129,10 +136,12 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 			}
 			failures = 0
 			e.observe(lease)
-			if ts != nil && !enlisted {
-				e.enlist(ctx, ts)
-				enlisted = true
-				enlist.Reset(e.cfg.TTL)
+			if ts != nil {
+				enlistedAt = sent // the refused attempt enlisted
+				if !enlisting {
+					enlisting = true
+					enlist.Reset(e.cfg.TTL / 2)
+				}
 			}
 			switch {
 			case lease.Held():

@@ -33,11 +33,9 @@ type handoff struct {
 	call   *transferCall
 }
 
-// enlistFor is how long a follower's entry among the candidates lasts: it
-// enlists again every TTL, so an entry outlives two missed refreshes, and
-// a candidate that stopped without withdrawing (killed) drops out within
-// it.
-func (e *Elector) enlistFor() time.Duration { return 3 * e.cfg.TTL }
+// enlistFor is how long a follower's entry among the candidates lasts (see
+// EnlistFactor and follow).
+func (e *Elector) enlistFor() time.Duration { return EnlistFactor * e.cfg.TTL }
 
 // reserveFor is how long a lease handed over stays reserved for its
 // successor: one RenewInterval. A successor that campaigns is woken by
@@ -81,6 +79,14 @@ func (e *Elector) Transfer(ctx context.Context, to string) (Lease, error) {
 	if lctx == nil {
 		return Lease{}, ErrNotLeader
 	}
+	// Watch first, so that the successor's grant wakes the wait below
+	// rather than a poll.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	wake, err := e.store.Watch(wctx, e.cfg.Name)
+	if err != nil {
+		wake = nil // wait by polling alone
+	}
 	call := transferCall{leader: lctx, to: to, done: make(chan transferOutcome, 1)}
 	select {
 	case e.transferCh <- call:
@@ -98,13 +104,13 @@ func (e *Elector) Transfer(ctx context.Context, to string) (Lease, error) {
 	if out.err != nil {
 		return Lease{}, out.err
 	}
-	return awaitSuccessor(ctx, e.store, nil, e.cfg.Name, out.term, out.successor.ID, false)
+	return awaitSuccessor(ctx, e.store, wake, e.cfg.Name, out.term, out.successor.ID, false)
 }
 
 // enlist records this instance among the candidates of its name, best
 // effort: a candidate missing from the list is only never picked as a
-// successor.
-func (e *Elector) enlist(ctx context.Context, ts Transferer) {
+// successor. It reports whether it did.
+func (e *Elector) enlist(ctx context.Context, ts Transferer) bool {
 	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, e.cfg.RenewInterval)
 	defer cancel()
@@ -113,6 +119,7 @@ func (e *Elector) enlist(ctx context.Context, ts Transferer) {
 	if err != nil && ctx.Err() == nil {
 		e.log.Debug("enlisting as a candidate failed; this instance cannot be picked as a successor until it succeeds", slog.Any("error", err))
 	}
+	return err == nil
 }
 
 // withdraw removes this instance from the candidates of its name, best

@@ -55,6 +55,12 @@ func (r TransferRequest) Pending() bool { return r.Remaining > 0 }
 // Every store of this module implements it, and leadertest.TestStore
 // checks it where a store does. Times are judged on the store's clock, as
 // for Store.
+//
+// A Transferer's Acquire that does not grant also enlists its candidate,
+// as Enlist(ctx, name, c, EnlistFactor*ttl) would, in the same round trip
+// (a failed Acquire may or may not have enlisted). So a follower whose
+// attempts come at least once per TTL stays enlisted at no cost, and the
+// Elector calls Enlist only when its attempts are further apart.
 type Transferer interface {
 	// Enlist records that c campaigns for name, with c.Priority, until
 	// ttl has passed unless c enlists again; enlisting again replaces
@@ -86,6 +92,13 @@ type Transferer interface {
 	// reason is GrantTransfer or GrantPriority.
 	ReleaseTo(ctx context.Context, name, token string, term uint64, successor Candidate, reason GrantReason, hold time.Duration) error
 }
+
+// EnlistFactor is how many TTLs a candidate's entry among a name's
+// candidates lasts when a Transferer's Acquire enlists it (see
+// Transferer), and when the Elector enlists: an entry outlives two missed
+// refreshes, and a candidate that stopped without withdrawing (killed)
+// drops out within it.
+const EnlistFactor = 3
 
 // Errors of transfers.
 var (
@@ -172,12 +185,16 @@ func RequestTransfer(ctx context.Context, store Store, name, to string) (Lease, 
 // not "" and another candidate holds it, or if it was released and its
 // reservation ran out with nobody taking it. Unless requested is false, the
 // handover had been requested of the holder of term, and a request that
-// lapses or is cleared while term still holds fails the wait. It polls
-// (every few milliseconds at first, then less often) as well as waiting on
-// wake, which may be nil.
+// lapses or is cleared while term still holds fails the wait. It waits on
+// wake, and polls as well: without wake (nil) every few milliseconds at
+// first, then less often; with it, from 25 ms on, so that its own
+// statements do not compete with the successor's grant.
 func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name string, term uint64, to string, requested bool) (Lease, error) {
-	poll := time.Millisecond
-	timer := time.NewTimer(0)
+	poll, first := time.Millisecond, time.Duration(0)
+	if wake != nil {
+		poll, first = 25*time.Millisecond, 25*time.Millisecond
+	}
+	timer := time.NewTimer(first)
 	defer timer.Stop()
 	sawReserved := false
 	for {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,6 +84,17 @@ func (g *transferGroup) enlisted(t *testing.T) {
 		cands, err := g.store.Candidates(t.Context(), g.name)
 		return err == nil && len(cands) >= len(g.es)-1
 	})
+}
+
+// enlistCounter counts the Enlist calls made of a Transferer.
+type enlistCounter struct {
+	leader.Transferer
+	enlists atomic.Int64
+}
+
+func (c *enlistCounter) Enlist(ctx context.Context, name string, cand leader.Candidate, ttl time.Duration) error {
+	c.enlists.Add(1)
+	return c.Transferer.Enlist(ctx, name, cand, ttl)
 }
 
 func callCtx(t *testing.T) context.Context {
@@ -184,13 +197,19 @@ func TestTransfer(t *testing.T) {
 		if _, err := g.es[from].Transfer(callCtx(t), to); err != nil {
 			t.Fatalf("Transfer to %s: %v", to, err)
 		}
+		stepped := time.Now()
+		// It enlists again half a RetryInterval into its sit-out.
+		eventually(t, 10*time.Second, from+" enlisted again", func() bool {
+			cands, err := g.store.Candidates(t.Context(), g.name)
+			return err == nil && slices.ContainsFunc(cands, func(c leader.Candidate) bool { return c.ID == from })
+		})
 		start := time.Now()
 		l, err := g.es[to].Transfer(callCtx(t), from)
 		if err != nil || l.HolderID != from || l.Term != term+2 {
 			t.Fatalf("Transfer back to %s = %+v, %v; want held by %s with term %d", from, l, err, from, term+2)
 		}
-		if took := time.Since(start); took > 2500*time.Millisecond {
-			t.Errorf("handing the lease back took %v: %s waited out its sit-out (5s) instead of taking it at once", took, from)
+		if took := time.Since(start); took > 1500*time.Millisecond {
+			t.Errorf("handing the lease back %v after %s stepped down took %v: it waited out its sit-out (5s) instead of taking it at once", start.Sub(stepped), from, took)
 		}
 	})
 
@@ -233,6 +252,28 @@ func TestTransfer(t *testing.T) {
 		l, err := g.store.Observe(t.Context(), g.name)
 		if err != nil || l.Held() || l.Term != term || l.Reserved != 0 {
 			t.Fatalf("after the only candidate's Run ended, the lease is %+v, %v; want released, not reserved, term %d", l, err, term)
+		}
+	})
+
+	t.Run("a follower whose attempts come every TTL is enlisted by them, without calling Enlist", func(t *testing.T) {
+		t.Parallel()
+		mem := leadertest.NewMemStore()
+		counted := &enlistCounter{Transferer: mem}
+		store := transferFaultStore{newFaultStore(mem), counted}
+		for _, id := range []string{"a", "b"} {
+			e, err := leader.New(store, testConfig("enlist", id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			runElector(t, e)
+		}
+		time.Sleep(3500 * time.Millisecond) // over 3 TTLs: an entry made once would have run out
+		cands, err := mem.Candidates(t.Context(), "enlist")
+		if err != nil || len(cands) != 1 {
+			t.Fatalf("Candidates = %v, %v; want the follower", cands, err)
+		}
+		if n := counted.enlists.Load(); n != 0 {
+			t.Errorf("the follower called Enlist %d times; want none: its attempts, once per TTL, enlist it", n)
 		}
 	})
 

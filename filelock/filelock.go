@@ -373,14 +373,15 @@ func (s *Store) Acquire(ctx context.Context, name string, c leader.Candidate, tt
 	if err != nil {
 		return leader.Lease{}, false, s.errorf(op, name, err)
 	}
+	// Refused, c is enlisted among the candidates (see leader.Transferer).
 	if held && st.Token != c.Token {
-		return st.report(true, s.boot, now), false, nil
+		return st.report(true, s.boot, now), false, s.editCandidatesLocked(e, op, name, s.enlist(c, leader.EnlistFactor*ttl))
 	}
 	// A reserved state is released, so its holder was not found dead:
 	// freed is nil.
 	r := st.reservation(s.boot, now)
 	if r != nil && r.Token != c.Token {
-		return st.report(false, s.boot, now), false, nil
+		return st.report(false, s.boot, now), false, s.editCandidatesLocked(e, op, name, s.enlist(c, leader.EnlistFactor*ttl))
 	}
 
 	// Grant. The leader lock is this Store's already if c held the lease

@@ -297,6 +297,9 @@ func TestTransferBetweenProcesses(t *testing.T) {
 	}
 	t.Logf("carol handed over to the child process in %v (step-down, release, wake-up, grant)", took)
 
+	// Carol, who led first and so never enlisted, enlists while she sits
+	// out after the handover.
+	waitCandidates(t, s, "job", "bob", "carol")
 	start = time.Now()
 	l, err = leader.RequestTransfer(ctxT(t), s, "job", "carol")
 	if err != nil {

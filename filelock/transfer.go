@@ -93,11 +93,17 @@ func (s *Store) Enlist(ctx context.Context, name string, c leader.Candidate, ttl
 	case ttl <= 0:
 		return s.errorf(op, name, fmt.Errorf("ttl %v is not positive", ttl))
 	}
-	return s.editCandidates(ctx, op, name, func(cf *candidatesFile, now reading) bool {
+	return s.editCandidates(ctx, op, name, s.enlist(c, ttl))
+}
+
+// enlist returns the edit of a candidates file that enlists c until ttl
+// has passed, replacing its entry if it has one.
+func (s *Store) enlist(c leader.Candidate, ttl time.Duration) func(cf *candidatesFile, now reading) bool {
+	return func(cf *candidatesFile, now reading) bool {
 		cf.Candidates = slices.DeleteFunc(cf.Candidates, func(x enlisted) bool { return x.Token == c.Token })
 		cf.Candidates = append(cf.Candidates, enlisted{ID: c.ID, Token: c.Token, Priority: c.Priority, period: newPeriod(s.boot, now, ttl)})
 		return true
-	})
+	}
 }
 
 // Withdraw implements leader.Transferer.
@@ -138,7 +144,12 @@ func (s *Store) editCandidates(ctx context.Context, op, name string, edit func(c
 		return err
 	}
 	defer s.end(e, stateLock)
+	return s.editCandidatesLocked(e, op, name, edit)
+}
 
+// editCandidatesLocked is editCandidates for a caller that holds the
+// state lock of e.
+func (s *Store) editCandidatesLocked(e *entry, op, name string, edit func(cf *candidatesFile, now reading) bool) error {
 	cf, now, err := s.loadCandidates(e)
 	if err != nil {
 		return s.errorf(op, name, err)

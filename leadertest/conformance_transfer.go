@@ -16,6 +16,7 @@ import (
 var transfererCases = []conformanceCase{
 	{"a grant records the holder's priority and why it was made", testGrantReasons},
 	{"enlisted candidates are listed until their entries run out or they withdraw", testCandidates},
+	{"an Acquire that does not grant enlists its candidate, with its priority", testAcquireEnlists},
 	{"a lease handed to a named successor is granted to it alone, with the next term", testReleaseToNamed},
 	{"a lease handed to a gone successor is an ordinary released one once its reservation runs out", testReleaseToGone},
 	{"a handover that races the lease's expiry (a crashed leader) is refused and reserves nothing", testReleaseToRacingExpiry},
@@ -135,6 +136,29 @@ func testCandidates(t *testing.T, s leader.Store) {
 			t.Fatalf("Candidates after alice withdrew, bob enlisted again with priority 5 and carol's entry ran out = %v; want [bob/5]", ids)
 		}
 		time.Sleep(pollEvery)
+	}
+}
+
+func testAcquireEnlists(t *testing.T, s leader.Store) {
+	ts := transferer(t, s)
+	name := newName()
+	alice, bob, carol, dave := newCandidate("alice"), newCandidate("bob"), newCandidate("carol"), newCandidate("dave")
+	bob.Priority, dave.Priority = 4, -2
+	held := mustGrant(t, s, name, alice, longTTL)
+	if l, granted := acquire(t, s, name, bob, longTTL); granted {
+		t.Fatalf("bob was granted alice's lease: %s", fmtLease(l))
+	}
+	if ids := candidateIDs(t, ts, name); !slices.Contains(ids, "bob/4") {
+		t.Fatalf("after bob's refused Acquire, Candidates = %v; want bob/4 among them", ids)
+	}
+	// Refused because the lease is reserved for another: enlisted too.
+	mustEnlist(t, ts, name, carol, longTTL)
+	mustReleaseTo(t, ts, name, alice, held.Term, carol, leader.GrantTransfer, longTTL)
+	if l, granted := acquire(t, s, name, dave, longTTL); granted {
+		t.Fatalf("dave was granted a lease reserved for carol: %s", fmtLease(l))
+	}
+	if ids := candidateIDs(t, ts, name); !slices.Contains(ids, "dave/-2") {
+		t.Fatalf("after dave's Acquire refused for carol's reservation, Candidates = %v; want dave/-2 among them", ids)
 	}
 }
 

@@ -119,10 +119,12 @@ func (s *MemStore) Acquire(ctx context.Context, name string, c leader.Candidate,
 	now := time.Now()
 	l := s.lease(name)
 	if l.held(now) && l.token != c.Token {
+		s.enlistLocked(name, c, leader.EnlistFactor*ttl, now)
 		return l.report(name, now), false, nil
 	}
 	reserved := l.reservedFor(now)
 	if reserved != "" && reserved != c.Token {
+		s.enlistLocked(name, c, leader.EnlistFactor*ttl, now)
 		return l.report(name, now), false, nil
 	}
 	var why leader.GrantReason
@@ -223,11 +225,17 @@ func (s *MemStore) Enlist(ctx context.Context, name string, c leader.Candidate, 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.enlistLocked(name, c, ttl, time.Now())
+	return nil
+}
+
+// enlistLocked records c among name's candidates until ttl after now.
+// s.mu is held.
+func (s *MemStore) enlistLocked(name string, c leader.Candidate, ttl time.Duration, now time.Time) {
 	if s.candidates[name] == nil {
 		s.candidates[name] = make(map[string]memCandidate)
 	}
-	s.candidates[name][c.Token] = memCandidate{c: c, until: time.Now().Add(ttl)}
-	return nil
+	s.candidates[name][c.Token] = memCandidate{c: c, until: now.Add(ttl)}
 }
 
 // Withdraw implements leader.Transferer.

@@ -35,7 +35,10 @@ import (
 // left on a pooled connection would outlive its holder. The connection is
 // kept between attempts and closed after sessionIdle unused, or by Close.
 // Closing it frees any lock it holds, so a candidate that stops without
-// releasing still hands over at once.
+// releasing still hands over at once. It is opened in the background,
+// trying each host of the connection string for the connect timeout (see
+// Failover in the package documentation): an Acquire whose context ends
+// first fails, and a later one takes the connection.
 //
 // # The fencing term
 //
@@ -164,7 +167,7 @@ import (
 type AdvisoryStore struct {
 	pool   *pgxpool.Pool
 	opts   Options
-	config *pgx.ConnConfig // for sessions and lock waiters
+	dialer dialer // for sessions and lock waiters
 	sql    advisoryStatements
 	wakeups
 	candidates
@@ -265,22 +268,22 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	config := pool.Config().ConnConfig.Copy()
+	d := newDialer(pool)
 	// A context that ends must only cut the connection short (which frees
 	// any lock), never open another one to cancel the statement.
-	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+	d.config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	own, err := newOwnPool(pool, opts)
+	own, err := newOwnPool(pool, opts, d.hosts)
 	if err != nil {
 		return nil, err
 	}
 	s := &AdvisoryStore{
 		pool:        own,
 		opts:        opts,
-		config:      config,
-		sql:         newAdvisoryStatements(opts.qualifiedAdvisoryTable(), opts.qualifiedStrategyTable(), opts.qualifiedEpochTable()),
-		wakeups:     newWakeups(config, opts, "the advisory store's wake-ups"),
+		dialer:      d,
+		sql:         newAdvisoryStatements(opts),
+		wakeups:     newWakeups(d, opts, "the advisory store's wake-ups"),
 		sessions:    make(map[sessionKey]*session),
 		waiters:     make(map[string]*lockWaiter),
 		freed:       make(map[string]freeing),
@@ -333,7 +336,7 @@ func (s *AdvisoryStore) check(ctx context.Context) error {
 // connect opens a connection of the store's own and checks that it is a
 // session of its own with the server.
 func (s *AdvisoryStore) connect(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, s.config)
+	conn, err := s.dialer.connect(ctx, s.dialer.connConfig())
 	if err != nil {
 		return nil, err
 	}

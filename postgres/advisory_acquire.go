@@ -22,13 +22,18 @@ import (
 // candidate of the same name on this store is trying waits for that
 // attempt; once one that began after its call has ended with the lease
 // held, or reserved for another candidate, it is refused with that
-// outcome, without a statement of its own. A successor to which this
-// store handed the lease over (ReleaseTo) does not wait for the others'
-// attempts.
+// outcome, without a grant statement of its own (see enlistJoiners). A
+// successor to which this store handed the lease over (ReleaseTo) does
+// not wait for the others' attempts.
 //
 // A lease released and reserved for another candidate (see ReleaseTo) is
 // refused without trying the lock, reporting the successor and how long
 // the reservation has left (Lease.Successor and Reserved).
+//
+// An Acquire that does not grant enlists its candidate (see
+// leader.Transferer): the grant statement that refuses it does, and a
+// candidate refused with another's outcome is enlisted with the others
+// refused with it, by one statement.
 func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
@@ -52,13 +57,16 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 		var f *flight
 		if !ss.isHeld() {
 			var lead bool
-			if f, lead = s.flight(name, c.Token); !lead {
+			if f, lead = s.flight(name, c, ttl); !lead {
 				select {
 				case <-f.done:
 				case <-ctx.Done():
 					return leader.Lease{}, false, fmt.Errorf("postgres: %s: %w", call(op, name), ctx.Err())
 				}
 				if l, ok := f.refusal(called, c.ID); ok {
+					if err := s.enlistJoiners(ctx, f); err != nil {
+						return leader.Lease{}, false, err
+					}
 					return l, false, nil
 				}
 				continue
@@ -114,25 +122,35 @@ type flight struct {
 	lease  leader.Lease  // what the attempt saw, or granted
 	landed time.Time     // when it ended
 	err    error
+	// joiners are the candidates that joined the attempt, by token, and
+	// enlisted is closed once they are enlisted, with enlistErr (nil
+	// until one of them is refused: see enlistJoiners).
+	joiners   map[string]enlistment
+	enlisted  chan struct{}
+	enlistErr error
 }
 
-// flight returns name's flight in progress, or starts one that the caller
-// leads (lead), which it must end with land. A candidate whose token this
-// store handed the lease to (see handedOver) leads no flight and joins
-// none (f nil, lead true): the others' attempts, refused, would only
-// delay its grant.
-func (s *AdvisoryStore) flight(name, token string) (f *flight, lead bool) {
+// flight returns name's flight in progress, which c joins, asking for
+// ttl, or starts one that c leads (lead), which it must end with land. A
+// candidate whose token this store handed the lease to (see handedOver)
+// leads no flight and joins none (f nil, lead true): the others'
+// attempts, refused, would only delay its grant.
+func (s *AdvisoryStore) flight(name string, c leader.Candidate, ttl time.Duration) (f *flight, lead bool) {
 	s.smu.Lock()
 	defer s.smu.Unlock()
 	if h, ok := s.handoffs[name]; ok {
 		switch {
 		case time.Now().After(h.until):
 			delete(s.handoffs, name)
-		case h.token == token:
+		case h.token == c.Token:
 			return nil, true
 		}
 	}
 	if f := s.flights[name]; f != nil {
+		if f.joiners == nil {
+			f.joiners = make(map[string]enlistment)
+		}
+		f.joiners[c.Token] = enlistment{c: c, ttl: ttl}
 		return f, false
 	}
 	f = &flight{name: name, began: time.Now(), done: make(chan struct{})}
@@ -172,6 +190,44 @@ func (f *flight) refusal(called time.Time, id string) (leader.Lease, bool) {
 		return l, l.Reserved > 0
 	}
 	return leader.Lease{}, false
+}
+
+// enlistJoiners enlists f's joiners, once one of them is refused with f's
+// outcome: such a candidate sent no grant statement, which would have
+// enlisted it, so the first of them to call sends one statement that
+// enlists them all (as many as took the refusal, and any that did not and
+// tries again; see candidates.enlistShared). The statement is bounded by
+// that caller's deadline but not ended with its ctx, so that a joiner
+// that gives up fails none of the others; each waits for it until its
+// own ctx ends. It returns the statement's error.
+func (s *AdvisoryStore) enlistJoiners(ctx context.Context, f *flight) error {
+	s.smu.Lock()
+	if f.enlisted == nil {
+		f.enlisted = make(chan struct{})
+		deadline, ok := ctx.Deadline()
+		if !ok {
+			deadline = time.Now().Add(s.opts.CallTimeout)
+		}
+		if s.closing {
+			f.enlistErr = fmt.Errorf("postgres: %s: %w", call("acquire", f.name), ErrClosed)
+			close(f.enlisted)
+		} else {
+			s.bg.Go(func() {
+				ctx, cancel := context.WithDeadline(s.bgCtx, deadline)
+				defer cancel()
+				f.enlistErr = s.enlistShared(ctx, f.name, f.joiners)
+				close(f.enlisted)
+			})
+		}
+	}
+	enlisted := f.enlisted
+	s.smu.Unlock()
+	select {
+	case <-enlisted:
+		return f.enlistErr
+	case <-ctx.Done():
+		return fmt.Errorf("postgres: %s: %w", call("acquire", f.name), ctx.Err())
+	}
 }
 
 // handoff is a handover that this store made (ReleaseTo): the token of

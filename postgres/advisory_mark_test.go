@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -101,6 +102,13 @@ func (s *AdvisoryStore) waitFirstLook(t *testing.T, name string) {
 // changed: a tracer, or a hook at connect.
 func advisoryOn(t *testing.T, pool *pgxpool.Pool, change func(*pgx.ConnConfig)) *AdvisoryStore {
 	t.Helper()
+	return setupAdvisory(t, poolWith(t, pool, change), Options{})
+}
+
+// poolWith returns a pool on pool's database whose connections' config is
+// changed by change, closed when t ends.
+func poolWith(t *testing.T, pool *pgxpool.Pool, change func(*pgx.ConnConfig)) *pgxpool.Pool {
+	t.Helper()
 	config := pool.Config()
 	change(config.ConnConfig)
 	own, err := pgxpool.NewWithConfig(callCtx(t), config)
@@ -108,7 +116,7 @@ func advisoryOn(t *testing.T, pool *pgxpool.Pool, change func(*pgx.ConnConfig)) 
 		t.Fatal(err)
 	}
 	t.Cleanup(own.Close)
-	return setupAdvisory(t, own, Options{})
+	return own
 }
 
 // watchFreeSettled returns s.WatchFree(name) once s listens and name's
@@ -363,13 +371,16 @@ func TestAdvisoryGraceCountsFromTheFreeing(t *testing.T) {
 // the first is granted, and the others are refused and told who holds the
 // lease, with two sessions connected in all. An attempt that began before
 // a candidate's call cannot answer it (the lease may have been freed
-// since), so they cannot share the first.
+// since), so they cannot share the first. The others are enlisted, with
+// their priorities, by the statement of the attempt they share and by one
+// statement more for those refused with its outcome.
 func TestAdvisoryCandidatesShareAnAttempt(t *testing.T) {
 	t.Parallel()
 	const grace = 3 * time.Second // how long the first attempt lasts: long enough for the others to come during it on a busy machine
 	pool := pgtest.NewPool(t)
 	holders := setupAdvisory(t, pool, Options{})
-	s := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	enlists := &statementCounter{marker: newCandidateStatements(Options{}.withDefaults()).enlistShared}
+	s := setupAdvisory(t, poolWith(t, pool, func(c *pgx.ConnConfig) { c.Tracer = enlists }), Options{TakeoverGrace: grace})
 	const name = "shared"
 	mustGrant(t, holders, name, candidate("alice"), time.Minute)
 	holders.cutConnection(t, name) // a grant now waits the grace
@@ -394,9 +405,13 @@ func TestAdvisoryCandidatesShareAnAttempt(t *testing.T) {
 	})
 	const others = 10
 	rest := make(chan outcome, others)
+	var want []string // their entries among the candidates
 	for i := range others {
+		c := candidate(fmt.Sprint("c", i))
+		c.Priority = i - 5
+		want = append(want, fmt.Sprintf("%s/%d", c.ID, c.Priority))
 		go func() {
-			l, granted, err := s.Acquire(callCtx(t), name, candidate(fmt.Sprint("c", i)), time.Minute)
+			l, granted, err := s.Acquire(callCtx(t), name, c, time.Minute)
 			rest <- outcome{l, granted, err}
 		}()
 	}
@@ -420,6 +435,13 @@ func TestAdvisoryCandidatesShareAnAttempt(t *testing.T) {
 	s.smu.Unlock()
 	if connected != 2 {
 		t.Errorf("%d sessions connected for %d candidates; want 2: the first candidate's, and one whose attempt the others share", connected, others+1)
+	}
+	slices.Sort(want)
+	if got := candidateList(t, s, name); !slices.Equal(got, want) {
+		t.Errorf("Candidates = %v; want the refused candidates, %v (the first, granted, is not enlisted)", got, want)
+	}
+	if n := enlists.n.Load(); n != 1 {
+		t.Errorf("%d statements enlisted the candidates refused with the shared attempt's outcome; want 1", n)
 	}
 }
 

@@ -38,6 +38,7 @@ type session struct {
 
 	// Owned by whoever holds turn.
 	conn       *pgx.Conn
+	opening    *opening // the connection being opened, if any (see open)
 	stopReader context.CancelFunc
 	readerDone chan struct{}
 
@@ -106,7 +107,7 @@ func (ss *session) do(ctx context.Context, s *AdvisoryStore, connect bool, fn fu
 		if !connect {
 			return errNotHeld
 		}
-		conn, err := s.connect(ctx)
+		conn, err := ss.open(ctx, s)
 		if err != nil {
 			return err
 		}
@@ -121,6 +122,63 @@ func (ss *session) do(ctx context.Context, s *AdvisoryStore, connect bool, fn fu
 		ss.startReader(s.log)
 	}
 	return err
+}
+
+// opening is a session's connection being opened in the background, on
+// the store's context (see session.open).
+type opening struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed once conn and err are set
+	conn   *pgx.Conn
+	err    error
+}
+
+// open returns a new connection for the session. It is opened in the
+// background, within dialer.within of the store's context rather than
+// ctx: pgx tries the hosts of a multi-host connection string in turn,
+// each for the connect timeout, so a call's deadline (an Elector's is
+// about its RenewInterval) would end every attempt on a first host that
+// never answers, and the hosts after it would never be tried. If ctx ends
+// first, open returns ctx's error, and the session's next call takes the
+// connection. The caller holds turn.
+func (ss *session) open(ctx context.Context, s *AdvisoryStore) (*pgx.Conn, error) {
+	if ss.opening == nil {
+		ss.opening = s.openLater()
+	}
+	o := ss.opening
+	select {
+	case <-o.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	ss.opening = nil
+	return o.conn, o.err
+}
+
+// openLater starts opening a connection of the store's own in the
+// background, ended by Close.
+func (s *AdvisoryStore) openLater() *opening {
+	ctx, cancel := context.WithTimeout(s.bgCtx, s.dialer.within()+listenCallTimeout)
+	o := &opening{cancel: cancel, done: make(chan struct{})}
+	s.bg.Go(func() {
+		defer close(o.done)
+		defer cancel()
+		o.conn, o.err = s.connect(ctx)
+	})
+	return o
+}
+
+// abandon ends the opening of the session's connection, if any, and
+// closes the connection if it was opened. The caller holds turn.
+func (ss *session) abandon() {
+	if o := ss.opening; o != nil {
+		ss.opening = nil
+		o.cancel()
+		<-o.done
+		if o.conn != nil {
+			closeConn(o.conn)
+		}
+	}
 }
 
 // drop closes the connection (the server frees its locks when it sees it
@@ -239,6 +297,7 @@ func (ss *session) close() {
 func (ss *session) closeLocked() {
 	ss.gone = true
 	ss.haltReader()
+	ss.abandon()
 	ss.drop()
 }
 

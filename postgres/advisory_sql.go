@@ -150,7 +150,7 @@ WITH rs AS MATERIALIZED (
 	SELECT ` + holderSettings("$6", "$7", "$8") + ` FROM granted
 ), durable AS (
 	SELECT ` + durableCommit + ` FROM granted
-), cur AS (
+), {enlist}, cur AS (
 	{cur}
 )
 SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
@@ -192,11 +192,15 @@ var (
 	claimedLocked = `($9::bigint, $10::bigint) IS NOT NULL` // true; it names $9 and $10, which a statement must use
 )
 
-func newAdvisoryStatements(table, strategies, epochs string) advisoryStatements {
+func newAdvisoryStatements(opts Options) advisoryStatements {
+	table, strategies := opts.qualifiedAdvisoryTable(), opts.qualifiedStrategyTable()
 	// {t} is the table, {s} the strategy table, {ep} the epoch CTEs (see
-	// epochCTEs), {grant} and {release} the NOTIFY payloads of a grant and
-	// a release of the row's name.
-	fill := strings.NewReplacer("{t}", table, "{s}", strategies, "{ep}", epochCTEs(epochs, "$5::interval"),
+	// epochCTEs), {enlist} the CTEs that enlist a refused candidate (see
+	// enlistCTEs), {grant} and {release} the NOTIFY payloads of a grant
+	// and a release of the row's name.
+	fill := strings.NewReplacer("{t}", table, "{s}", strategies, "{ep}", epochCTEs(opts.qualifiedEpochTable(), "$5::interval"),
+		"{enlist}", enlistCTEs(opts.qualifiedCandidateTable(), claimedFor(strategies, "$1", "'advisory'"), "$5::interval",
+			[4]string{"$1", "$3", "$4", "$11"}),
 		"{grant}", grantPayload, "{release}", releasePayload).Replace
 	grant := func(lock, cur, locked string) string {
 		return fill(strings.NewReplacer("{lock}", lock, "{cur}", cur, "{locked}", locked).Replace(grantTemplate))
@@ -245,7 +249,12 @@ func newAdvisoryStatements(table, strategies, epochs string) advisoryStatements 
 		// server's lock and activity views cost a busy server time);
 		// "previous", with the backend PID of the last holder, says
 		// whether the last holder left without a release (see
-		// Options.TakeoverGrace).
+		// Options.TakeoverGrace). When nothing was granted, whatever
+		// refused it (the lock not taken, the lease reserved for another,
+		// a failover's grace), "enlisting" and "enlisted" enlist the
+		// candidate for EnlistFactor times the TTL, if the strategy table
+		// gives the name to the advisory strategy (see enlistCTEs); a
+		// grant writes no entry.
 		grant: grant(tryLock, observedCur, observedLocked),
 
 		// Grant, quick: as grant, with the same parameters, but a refused

@@ -112,7 +112,7 @@ func (s *AdvisoryStore) waitLoop(ctx context.Context, name string, w *lockWaiter
 // whose blocking statement no server default may cut short, and whose
 // server process notices within a second that the waiter went away.
 func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
-	config := s.config.Copy()
+	config := s.dialer.connConfig()
 	for k, v := range map[string]string{
 		"statement_timeout":                "0",
 		"lock_timeout":                     "0",
@@ -121,12 +121,12 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 	} {
 		config.RuntimeParams[k] = v
 	}
-	callCtx, cancel := context.WithTimeout(ctx, listenCallTimeout)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(callCtx, config)
+	conn, err := s.dialer.connect(ctx, config)
 	if err != nil {
 		return nil, err
 	}
+	callCtx, cancel := context.WithTimeout(ctx, listenCallTimeout)
+	defer cancel()
 	if err := checkSession(callCtx, conn, "the advisory store's lock waiter"); err != nil {
 		closeConn(conn)
 		return nil, err

@@ -177,7 +177,7 @@ func sqlOf(o Options) []string {
 	s := newStatements(o)
 	hb := newBeatStatements(o)
 	r := newRouterStatements(o.qualifiedMessageTable())
-	a := newAdvisoryStatements(o.qualifiedAdvisoryTable(), o.qualifiedStrategyTable(), o.qualifiedEpochTable())
+	a := newAdvisoryStatements(o)
 	c := newCandidateStatements(o)
 	script, err := migrationScript(o)
 	if err != nil {
@@ -185,7 +185,7 @@ func sqlOf(o Options) []string {
 	}
 	return []string{s.acquire, s.renewBatch, s.release, s.observe, r.notifyDurable, r.fetch, r.remove, r.failed,
 		a.grant, a.grantQuick, a.grantLocked, a.queue, a.regrant, a.renew, a.release, a.unlock, a.observe, a.waiter, a.heldHere,
-		hb.insert, hb.renew, hb.reconcile, s.request, a.request, c.enlist, c.withdraw, c.list, script}
+		hb.insert, hb.renew, hb.reconcile, s.request, a.request, c.enlist, c.enlistShared, c.withdraw, c.list, script}
 }
 
 // documentedOptions returns o with the defaults documented on Options

@@ -22,7 +22,9 @@ const (
 	// before it checks that its connection still works, so that a
 	// connection that died silently is noticed.
 	listenPingEvery = 30 * time.Second
-	// listenCallTimeout bounds connecting, LISTEN, a ping and closing.
+	// listenCallTimeout bounds the session check, LISTEN, a ping and
+	// closing (connecting takes up to the connect timeout per host, see
+	// dialer.within).
 	listenCallTimeout = 10 * time.Second
 )
 
@@ -30,7 +32,7 @@ const (
 // on Options.Channel and wakes the watchers of the election name in each
 // notification's payload.
 type wakeups struct {
-	config  *pgx.ConnConfig
+	dialer  dialer
 	channel string
 	what    string // who needs the session, for ErrPooledSession
 	log     *slog.Logger
@@ -52,9 +54,9 @@ type wakeups struct {
 	onListen func(pid uint32)
 }
 
-func newWakeups(config *pgx.ConnConfig, opts Options, what string) wakeups {
+func newWakeups(d dialer, opts Options, what string) wakeups {
 	return wakeups{
-		config:    config,
+		dialer:    d,
 		channel:   opts.Channel,
 		what:      what,
 		log:       opts.Logger.With(slog.String("channel", opts.Channel)),
@@ -344,7 +346,7 @@ func (w *wakeups) wakeAllLocked() {
 func (w *wakeups) listen(ctx context.Context, stopped chan<- struct{}) {
 	defer close(stopped)
 	loop := sessionLoop[*pgx.Conn]{
-		connect:  dial(w.config, listenCallTimeout),
+		connect:  dial(w.dialer),
 		serve:    w.listenOnce,
 		retryMin: listenRetryMin,
 		retryMax: listenRetryMax,

@@ -35,10 +35,13 @@ const (
 	DefaultMaxConns = 2
 	// DefaultCallTimeout is Options.CallTimeout when it is zero.
 	DefaultCallTimeout = 30 * time.Second
-	// DefaultConnectTimeout bounds the opening of each of a store's own
-	// connections when the pool's configuration sets no connect timeout
-	// (connect_timeout in the connection string).
-	DefaultConnectTimeout = 10 * time.Second
+	// DefaultConnectTimeout bounds each host's part in the opening of
+	// each of a store's (and a Router's) own connections when the pool's
+	// configuration sets no connect timeout (connect_timeout in the
+	// connection string): a host of a multi-host connection string that
+	// has vanished costs a new connection that long before the next host
+	// is tried (see Failover in the package documentation).
+	DefaultConnectTimeout = 5 * time.Second
 	// DefaultTakeoverGrace is Options.TakeoverGrace when it is zero.
 	DefaultTakeoverGrace = 50 * time.Millisecond
 )
@@ -130,10 +133,12 @@ type Options struct {
 
 	// CallTimeout bounds each store call whose context has no deadline
 	// (context.Background(), say), and Migrate: every call ends, even on a
-	// server that accepts connections and never answers. The stores' own
-	// connections are opened within
-	// DefaultConnectTimeout unless the configuration sets a
-	// connect_timeout. Electors give every call a deadline of their own.
+	// server that accepts connections and never answers. The stores'
+	// own connections are opened in the background, each host of the
+	// connection string tried for DefaultConnectTimeout unless the
+	// configuration sets a connect_timeout, so that a call cut short
+	// does not cut short the opening of the connection that the next
+	// call uses. Electors give every call a deadline of their own.
 	// Default DefaultCallTimeout (30s); at least 0.
 	CallTimeout time.Duration
 

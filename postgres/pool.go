@@ -13,19 +13,19 @@ import (
 // caller's connections, so a service whose own work holds every
 // connection of its pool does not lose its leadership to that (see
 // Options.MaxConns). The pool opens connections as they are needed, at
-// most opts.MaxConns, each with a connect timeout (DefaultConnectTimeout
-// unless the caller's configuration sets one). (No statement_timeout is
-// added to the start-up parameters: PgBouncer refuses unknown ones; every
-// call is bounded by its context, see Options.bound.) The store closes it
-// in its Close.
-func newOwnPool(pool *pgxpool.Pool, opts Options) (*pgxpool.Pool, error) {
+// most opts.MaxConns, in the background (a call that gives up does not
+// cut a connection short: the next call gets it), each with a connect
+// timeout per host (see ownConnConfig), trying the hosts in the order of
+// hosts (see hostOrder). (No statement_timeout is added to the start-up
+// parameters: PgBouncer refuses unknown ones; every call is bounded by
+// its context, see Options.bound.) The store closes it in its Close.
+func newOwnPool(pool *pgxpool.Pool, opts Options, hosts *hostOrder) (*pgxpool.Pool, error) {
 	cfg := pool.Config()
+	cfg.ConnConfig = ownConnConfig(pool)
 	cfg.MaxConns = opts.MaxConns
 	cfg.MinConns = 0
 	cfg.MinIdleConns = 0
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
-	}
+	cfg.BeforeConnect = hosts.beforeConnect(cfg.BeforeConnect)
 	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: the store's own connections: %w", err)

@@ -100,6 +100,37 @@ func (m lossMetrics) Lost(_ string, r leader.LossReason) { m.lost(r) }
 // server that accepts connections and never answers.
 func TestCallsAreBoundedWithoutADeadline(t *testing.T) {
 	t.Parallel()
+	pool := pgtest.OpenPool(t, "postgres://app@"+silentServer(t)+"/app?sslmode=disable")
+	opts := Options{CallTimeout: 500 * time.Millisecond}
+
+	start := time.Now()
+	err := Migrate(context.Background(), pool, opts)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Migrate on a silent server: %v; want an error wrapping context.DeadlineExceeded", err)
+	}
+	if took := time.Since(start); took > 3*time.Second { // under DefaultConnectTimeout, which must not be what ends it
+		t.Errorf("Migrate on a silent server took %v with CallTimeout %v", took, opts.CallTimeout)
+	}
+
+	store, err := NewLeaseStore(pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	start = time.Now()
+	_, _, err = store.Acquire(context.Background(), "silent", candidate("a"), time.Minute)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire on a silent server: %v; want an error wrapping context.DeadlineExceeded", err)
+	}
+	if took := time.Since(start); took > 3*time.Second { // under DefaultConnectTimeout, which must not be what ends it
+		t.Errorf("Acquire on a silent server took %v with CallTimeout %v", took, opts.CallTimeout)
+	}
+}
+
+// silentServer listens on a local port until t ends, and accepts
+// connections that it never answers. It returns the address.
+func silentServer(t *testing.T) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -127,29 +158,5 @@ func TestCallsAreBoundedWithoutADeadline(t *testing.T) {
 			c.Close()
 		}
 	})
-	pool := pgtest.OpenPool(t, "postgres://app@"+l.Addr().String()+"/app?sslmode=disable")
-	opts := Options{CallTimeout: 500 * time.Millisecond}
-
-	start := time.Now()
-	err = Migrate(context.Background(), pool, opts)
-	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Migrate on a silent server: %v; want an error wrapping context.DeadlineExceeded", err)
-	}
-	if took := time.Since(start); took > 3*time.Second { // under DefaultConnectTimeout, which must not be what ends it
-		t.Errorf("Migrate on a silent server took %v with CallTimeout %v", took, opts.CallTimeout)
-	}
-
-	store, err := NewLeaseStore(pool, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(store.Close)
-	start = time.Now()
-	_, _, err = store.Acquire(context.Background(), "silent", candidate("a"), time.Minute)
-	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Acquire on a silent server: %v; want an error wrapping context.DeadlineExceeded", err)
-	}
-	if took := time.Since(start); took > 3*time.Second { // under DefaultConnectTimeout, which must not be what ends it
-		t.Errorf("Acquire on a silent server took %v with CallTimeout %v", took, opts.CallTimeout)
-	}
+	return l.Addr().String()
 }

@@ -38,8 +38,9 @@ const (
 	// without a notification (one may have been missed) and checks that its
 	// connection still works.
 	routerPollEvery = 30 * time.Second
-	// routerCallTimeout bounds connecting, the session check, LISTEN and a
-	// ping.
+	// routerCallTimeout bounds the session check, LISTEN and a ping
+	// (connecting takes up to the connect timeout per host, see
+	// dialer.within).
 	routerCallTimeout = 10 * time.Second
 	// routerFinishTimeout bounds deleting a handled message, or counting a
 	// failed attempt, after ctx may have ended.
@@ -126,11 +127,11 @@ const (
 // A Router is safe for concurrent use. It holds no resources of its own
 // outside Serve, which opens and closes its connection.
 type Router struct {
-	pool       *pgxpool.Pool
-	opts       Options
-	log        *slog.Logger
-	connConfig *pgx.ConnConfig
-	sql        routerStatements
+	pool   *pgxpool.Pool
+	opts   Options
+	log    *slog.Logger
+	dialer dialer // Serve's connection
+	sql    routerStatements
 
 	mu       sync.Mutex
 	handlers map[string]Handler
@@ -213,13 +214,13 @@ func NewRouter(pool *pgxpool.Pool, opts Options) (*Router, error) {
 		return nil, err
 	}
 	return &Router{
-		pool:       pool,
-		opts:       opts,
-		log:        opts.Logger.With(slog.String("message_channel", opts.MessageChannel)),
-		connConfig: pool.Config().ConnConfig,
-		sql:        newRouterStatements(opts.qualifiedMessageTable()),
-		handlers:   make(map[string]Handler),
-		pollEvery:  routerPollEvery,
+		pool:      pool,
+		opts:      opts,
+		log:       opts.Logger.With(slog.String("message_channel", opts.MessageChannel)),
+		dialer:    newDialer(pool),
+		sql:       newRouterStatements(opts.qualifiedMessageTable()),
+		handlers:  make(map[string]Handler),
+		pollEvery: routerPollEvery,
 	}, nil
 }
 

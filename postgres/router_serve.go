@@ -23,7 +23,8 @@ import (
 //	OnElected: func(ctx context.Context) { _ = r.Serve(ctx) },
 //
 // Serve opens one connection of its own (not from the pool, with the pool's
-// configuration), LISTENs on every handled channel and on
+// configuration and DefaultConnectTimeout per host if it sets none),
+// LISTENs on every handled channel and on
 // Options.MessageChannel, delivers the durable messages waiting, and then
 // handles messages as they come (see Router). If the connection breaks it
 // is opened again with backoff, and the durable messages are read again.
@@ -86,7 +87,7 @@ type retry struct {
 // for which Serve gives up otherwise.
 func (s *serving) run(ctx context.Context) error {
 	loop := sessionLoop[*pgx.Conn]{
-		connect:  dial(s.r.connConfig, routerCallTimeout),
+		connect:  dial(s.r.dialer),
 		serve:    s.serveConn,
 		retryMin: routerReconnectMin,
 		retryMax: routerReconnectMax,

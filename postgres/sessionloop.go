@@ -135,13 +135,10 @@ func (l *sessionLoop[C]) sleep(ctx context.Context, d time.Duration) error {
 	return sleepCtx(ctx, d)
 }
 
-// dial returns a sessionLoop's connect that opens a connection with config,
-// taking at most timeout.
-func dial(config *pgx.ConnConfig, timeout time.Duration) func(context.Context) (*pgx.Conn, error) {
+// dial returns a sessionLoop's connect that opens a connection with d.
+func dial(d dialer) func(context.Context) (*pgx.Conn, error) {
 	return func(ctx context.Context) (*pgx.Conn, error) {
-		ctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		conn, err := pgx.ConnectConfig(ctx, config)
+		conn, err := d.connect(ctx, d.connConfig())
 		if err != nil {
 			return nil, fmt.Errorf("connecting: %w", err)
 		}

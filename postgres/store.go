@@ -94,15 +94,18 @@
 //
 // Both stores implement [leader.Transferer], so that a leader hands its
 // lease to a chosen candidate ([leader.Elector.Transfer],
-// [leader.RequestTransfer], leader.Config.Priority). Followers enlist, once
-// per TTL, in the candidates' table that both strategies share (by
-// default public.leader_leases_candidates): one upsert, the entry expiring
-// on the server's clock; a withdrawal deletes the name's expired entries
-// too. A request to hand over is recorded on the lease's row while the
-// lease is held, and read by the holder's next renewal in the statement
-// it sends anyway: Renew, or the heartbeat round of RenewBatch, which
-// finds the requests of the leases under its heartbeat through a partial
-// index.
+// [leader.RequestTransfer], leader.Config.Priority). Followers are
+// enlisted in the candidates' table that both strategies share (by
+// default public.leader_leases_candidates), the entry expiring on the
+// server's clock: an Acquire that does not grant upserts its candidate's
+// entry in the statement that refuses it (committed without waiting for
+// a WAL flush; a grant writes none), and Enlist, one upsert, serves a
+// follower whose attempts are further apart; a withdrawal deletes the
+// name's expired entries too. A request to hand over is recorded on the
+// lease's row while the lease is held, and read by the holder's next
+// renewal in the statement it sends anyway: Renew, or the heartbeat round
+// of RenewBatch, which finds the requests of the leases under its
+// heartbeat through a partial index.
 //
 // ReleaseTo is a release, in one round trip, that also records on the row
 // the successor's token, and until when the lease is reserved for it, on
@@ -316,15 +319,41 @@
 // Production PostgreSQL is often a primary with a streaming standby that
 // a manager (Patroni, pg_auto_failover, CloudNativePG, a cloud's HA)
 // promotes when the primary's host is gone. Give the stores every host,
-// and let libpq's rules pick the writable one:
+// in any order, and let libpq's rules pick the writable one:
 //
-//	postgres://app@db1:5432,db2:5432/app?target_session_attrs=read-write&connect_timeout=5
+//	postgres://app@db1:5432,db2:5432/app?target_session_attrs=read-write&connect_timeout=2
 //
-// A leader whose server vanished without a FIN or RST steps down by its
-// local deadline, as for any store it cannot reach; candidates reach the
-// promoted server as soon as it accepts connections (connect_timeout
-// bounds each host's attempt; TCP keepalives, or tcp_user_timeout in the
-// connection string, end dead connections of a pool sooner).
+// target_session_attrs=read-write is needed: without it a connection may
+// land on a standby, where grants fail with leader.ErrReadOnly. pgx tries
+// the hosts in turn, each for connect_timeout (seconds); the stores' own
+// connections use DefaultConnectTimeout (5 s) when it is not set, where
+// pgx, and so the pool given to them (which Migrate and Fence use), would
+// wait for as long as a silent host holds the connection. Keep
+// it short, but above a connection's set-up time (TLS and authentication
+// included): 2 to 5 seconds. Client TCP keepalives are not needed: every
+// store call has a deadline, and a call cut short closes its connection.
+// (libpq's keepalives parameters are not pgx's: in the connection string
+// pgx sends them to the server as settings, which it refuses;
+// tcp_user_timeout and tcp_keepalives_idle there set the server's side of
+// the connection, which the advisory strategy sets on its sessions
+// itself.)
+//
+// When the primary's host vanishes without a FIN or RST, its leader steps
+// down by its local deadline, as for any store it cannot reach, and the
+// candidates reach the promoted server whichever host the connection
+// string lists first, although each of their calls is shorter than a
+// connect timeout. A store opens its own connections (its pool's, and an
+// advisory store's sessions, lock waiters and wake-up listener) in the
+// background, never within a call's deadline, and it remembers how each
+// host did: it tries first the hosts that answered as a primary (or were
+// never tried), then those that answered as standbys, and last those that
+// did not answer in time, or on which a call of the store's was cut short.
+// A candidate's calls meet the vanished host within about a TTL (every
+// follower calls once per TTL at least), after which its new connections
+// go to the other hosts first; only a connection that tries the vanished
+// host before that, such as one of a process started after the failover
+// whose connection string lists that host first, or one being opened as
+// the host vanished, waits out a connect timeout there, once.
 //
 // A promoted asynchronous standby can lack the last grants, renewals and
 // releases that the old primary acknowledged: a leader granted there
@@ -347,8 +376,16 @@
 //     rates must agree within DriftMargin, as for every lease.
 //   - Candidates of a name use one TTL (a lost grant with a longer TTL
 //     than the candidate's would outlast the wait).
-//   - Takeover after a promotion: the TTL, plus a follower's next attempt
-//     (RetryInterval) and a round trip; 3.1 s at a 3 s TTL in the tests.
+//   - Takeover after a promotion: the TTL, counted from when the first
+//     grant statement reached the promoted server, plus a follower's next
+//     attempt (RetryInterval) and a round trip: 3.1 s at a 3 s TTL in the
+//     tests for a candidate that first connects to the promoted server.
+//     Candidates that led or followed on the vanished primary take a
+//     little longer to leave it (their first call there to be cut short);
+//     in the tests, with the vanished host listed first and the promotion
+//     as it vanished, 5 to 7 s at a 3 s TTL. Add a connect timeout for
+//     a candidate whose first connection after the failover tries the
+//     vanished host (see above).
 //   - With a synchronous standby nothing is lost, and the same wait is
 //     made (a timeline change cannot tell the two apart).
 //
@@ -470,7 +507,8 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	own, err := newOwnPool(pool, opts)
+	d := newDialer(pool)
+	own, err := newOwnPool(pool, opts, d.hosts)
 	if err != nil {
 		return nil, err
 	}
@@ -479,7 +517,7 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 		opts:    opts,
 		sql:     newStatements(opts),
 		beatSQL: newBeatStatements(opts),
-		wakeups: newWakeups(pool.Config().ConnConfig, opts, "the lease store's wake-ups"),
+		wakeups: newWakeups(d, opts, "the lease store's wake-ups"),
 	}
 	s.candidates = newCandidates(own, opts, StrategyLease)
 	s.renewals = newRenewBatcher(s)
@@ -556,7 +594,8 @@ func checkTTL(op, name string, ttl time.Duration) error {
 // Acquire implements leader.Store. It grants the lease if it is free,
 // expired, or held by c.Token, in one statement (see the package
 // documentation), and sends a wake-up for a grant. When it grants nothing it
-// reports the holder and Remaining as computed on the server's clock. A
+// reports the holder and Remaining as computed on the server's clock, and
+// enlists the candidate in the same statement (see leader.Transferer). A
 // lease released and reserved for another candidate (ReleaseTo) is not
 // free: it is reported with Successor and Reserved (see Transfers in the
 // package documentation).

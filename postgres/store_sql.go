@@ -84,6 +84,11 @@ func newStatements(opts Options) statements {
 		// too, for a TTL after a failover, and lift its term above the
 		// earlier timelines' (see epochCTEs). The last columns are the
 		// transfer columns (transferColumns).
+		//
+		// When nothing was granted and "st" found the name the lease
+		// strategy's, "enlisting" and "enlisted" enlist the candidate
+		// for EnlistFactor times the TTL, whatever refused it (see
+		// enlistCTEs); a grant writes no entry.
 		acquire: fmt.Sprintf(`
 WITH st AS MATERIALIZED (
 	SELECT s.term_floor FROM %[7]s AS s WHERE s.name = $1 AND s.strategy = 'lease' FOR KEY SHARE
@@ -115,7 +120,7 @@ WITH st AS MATERIALIZED (
 	SELECT pg_notify($5, %[2]s) FROM granted
 ), durable AS (
 	SELECT %[4]s FROM granted
-), existing AS (
+), %[19]s, existing AS (
 	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, %[6]s AS expires_at, %[9]s
 	FROM %[1]s AS l
 	WHERE l.name = $1 AND NOT EXISTS (SELECT FROM reserved)
@@ -139,7 +144,8 @@ FROM reserved AS r`,
 			epochCTEs(opts.qualifiedEpochTable(), "$4::interval"),
 			transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
 			grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
-			reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r")),
+			reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
+			enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"})),
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -125,6 +127,57 @@ const (
 	clearedValues   = `NULL::text, NULL::text, NULL::timestamptz, NULL::text, NULL::text, NULL::text, NULL::timestamptz`
 )
 
+// upsertCandidate returns the SQL statement that enlists the candidates
+// that query (an SQL query) selects, each as the columns name, token, id,
+// priority and expires_at of the candidates' table: an upsert, which
+// replaces the entry of a token enlisted already.
+func upsertCandidate(table, query string) string {
+	return fmt.Sprintf(`INSERT INTO %s AS c (name, token, id, priority, expires_at)
+	%s
+	ON CONFLICT (name, token) DO UPDATE SET (id, priority, expires_at) = (excluded.id, excluded.priority, excluded.expires_at)`, table, query)
+}
+
+// claimedFor returns the SQL condition that the strategy table gives the
+// name in name (an SQL expression) to the strategy in strategy (likewise).
+func claimedFor(strategies, name, strategy string) string {
+	return fmt.Sprintf(`EXISTS (SELECT FROM %s AS s WHERE s.name = %s AND s.strategy = %s)`, strategies, name, strategy)
+}
+
+// An Acquire that does not grant enlists its candidate (see
+// leader.Transferer), in its own statement: the CTEs of enlistCTEs, or,
+// for advisory candidates refused by a shared attempt, the statement
+// enlistShared. It enlists as Enlist does, for leader.EnlistFactor times
+// the TTL asked for, but only for a name that the strategy table gives to
+// the Acquire's strategy, which is stricter than Enlist (that also
+// enlists for a name that no strategy has claimed yet): an Acquire claims
+// such a name and tries again, so its first statement does not enlist a
+// candidate that its second grants.
+//
+// Its transaction commits with synchronous_commit off (lazyCommit): an
+// entry that a crash loses is written again by the candidate's next
+// attempt, and a refused statement writes nothing else that must survive
+// a crash (row locks, and, lease strategy, a dead mark on an expired
+// heartbeat whose lease it did not take, which no renewal would extend
+// anyway), so a refusal does not wait for a WAL flush, which the refused
+// candidates woken with the winner would otherwise add to the winner's.
+const lazyCommit = `set_config('synchronous_commit', 'off', true)`
+
+// enlistCTEs returns the SQL of the CTEs "enlisting" and "enlisted" of a
+// grant statement, which has the CTE "granted" (a grant's row) before
+// them: when nothing was granted and allowed (an SQL condition, see
+// claimedFor) holds, they enlist the candidate whose name, token, ID and
+// priority are the SQL expressions in cand, until leader.EnlistFactor
+// times ttl (an SQL interval) from the server's now, and make the
+// statement's commit lazy (lazyCommit). A grant writes nothing there.
+func enlistCTEs(table, allowed, ttl string, cand [4]string) string {
+	return fmt.Sprintf(`enlisting AS (
+	SELECT %[3]s WHERE NOT EXISTS (SELECT FROM granted) AND %[2]s
+), enlisted AS (
+	%[1]s
+)`, upsertCandidate(table, fmt.Sprintf(`SELECT %s, %s, %s, %s, clock_timestamp() + %s * %d FROM enlisting`,
+		cand[0], cand[1], cand[2], cand[3], ttl, leader.EnlistFactor)), allowed, lazyCommit)
+}
+
 // candidateStatements are the statements on the candidates' table.
 type candidateStatements struct {
 	// enlist: $1 name, $2 token, $3 candidate ID, $4 priority, $5 ttl,
@@ -134,6 +187,13 @@ type candidateStatements struct {
 	// its successor, a candidate that cannot take its lease). Returns a
 	// row if it enlisted.
 	enlist string
+	// enlistShared, the entries of candidates that Acquire refused
+	// without a statement of their own (advisory strategy: see
+	// AdvisoryStore.enlistJoiners): $1 name, $2 tokens, $3 candidate IDs,
+	// $4 priorities, $5 TTLs in microseconds (one element per
+	// candidate, the tokens distinct), $6 the store's strategy. One
+	// upsert, as an Acquire's statement enlists (see enlistCTEs).
+	enlistShared string
 	// withdraw: $1 name, $2 token. Deletes the entry of the token, and
 	// the name's entries that have run out (of candidates that stopped
 	// without withdrawing), so that the table keeps to the candidates
@@ -144,14 +204,19 @@ type candidateStatements struct {
 }
 
 func newCandidateStatements(opts Options) candidateStatements {
-	t := opts.qualifiedCandidateTable()
+	t, st := opts.qualifiedCandidateTable(), opts.qualifiedStrategyTable()
 	return candidateStatements{
-		enlist: fmt.Sprintf(`
-INSERT INTO %[1]s AS c (name, token, id, priority, expires_at)
-SELECT $1, $2, $3, $4, clock_timestamp() + $5::interval
-WHERE NOT EXISTS (SELECT FROM %[2]s AS s WHERE s.name = $1 AND s.strategy <> $6)
-ON CONFLICT (name, token) DO UPDATE SET (id, priority, expires_at) = (excluded.id, excluded.priority, excluded.expires_at)
-RETURNING true`, t, opts.qualifiedStrategyTable()),
+		enlist: "\n" + upsertCandidate(t, `SELECT $1, $2, $3, $4, clock_timestamp() + $5::interval
+	WHERE NOT EXISTS (SELECT FROM `+st+` AS s WHERE s.name = $1 AND s.strategy <> $6)`) + `
+RETURNING true`,
+		enlistShared: fmt.Sprintf(`
+WITH enlisting AS (
+	SELECT j.*, %[2]s FROM unnest($2::text[], $3::text[], $4::int[], $5::bigint[]) AS j(token, id, priority, ttl_us)
+	WHERE %[1]s
+)
+%[3]s`, claimedFor(st, "$1", "$6"), lazyCommit, upsertCandidate(t, fmt.Sprintf(
+			`SELECT $1, j.token, j.id, j.priority, clock_timestamp() + j.ttl_us * %d * interval '1 microsecond' FROM enlisting AS j`,
+			leader.EnlistFactor))),
 		withdraw: fmt.Sprintf(`
 DELETE FROM %[1]s AS c WHERE c.name = $1 AND (c.token = $2 OR c.expires_at <= clock_timestamp())`, t),
 		list: fmt.Sprintf(`
@@ -197,6 +262,29 @@ func (cs candidates) Enlist(ctx context.Context, name string, c leader.Candidate
 			op, name, cs.strategy.other(), cs.strategy)
 	case err != nil:
 		return wrapError(ctx, call(op, name), err)
+	}
+	return nil
+}
+
+// enlistment is a candidate that a refused Acquire enlists, with the TTL
+// that the Acquire asked for.
+type enlistment struct {
+	c   leader.Candidate
+	ttl time.Duration
+}
+
+// enlistShared enlists the candidates of name in es (by token), in one
+// statement, as a refused Acquire's statement enlists its candidate (see
+// enlistCTEs).
+func (cs candidates) enlistShared(ctx context.Context, name string, es map[string]enlistment) error {
+	tokens := slices.Sorted(maps.Keys(es)) // in one order, so that two statements of the same tokens never deadlock
+	ids, priorities, ttls := make([]string, len(tokens)), make([]int32, len(tokens)), make([]int64, len(tokens))
+	for i, token := range tokens {
+		e := es[token]
+		ids[i], priorities[i], ttls[i] = e.c.ID, int32(e.c.Priority), int64(interval(e.ttl)/time.Microsecond)
+	}
+	if _, err := cs.pool.Exec(ctx, cs.sql.enlistShared, name, tokens, ids, priorities, ttls, string(cs.strategy)); err != nil {
+		return wrapError(ctx, call("enlist the candidates of", name), err)
 	}
 	return nil
 }

@@ -1,12 +1,20 @@
 package postgres
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/pgtest"
 )
 
 // mustRequest records req on name's lease for ttl, failing the test if it
@@ -174,4 +182,185 @@ func TestEnlistKeepsToTheNamesStrategy(t *testing.T) {
 	if err != nil || len(cands) != 1 || cands[0].ID != "lease" {
 		t.Errorf("Candidates = %+v, %v; want the lease candidate alone", cands, err)
 	}
+}
+
+// transferer is a store of this package.
+type transferer interface {
+	leader.Store
+	leader.Transferer
+}
+
+// statementLog is a pgx tracer that records the SQL of the statements sent
+// during record.
+type statementLog struct {
+	mu  sync.Mutex
+	on  bool
+	sql []string
+}
+
+func (l *statementLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.on {
+		l.sql = append(l.sql, d.SQL)
+	}
+	return ctx
+}
+
+func (l *statementLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// record runs f and returns the statements sent meanwhile.
+func (l *statementLog) record(f func()) []string {
+	l.mu.Lock()
+	l.on, l.sql = true, nil
+	l.mu.Unlock()
+	f()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.on = false
+	return l.sql
+}
+
+// candidateList returns name's candidates on s as "id/priority", sorted.
+func candidateList(t *testing.T, s leader.Transferer, name string) []string {
+	t.Helper()
+	cands, err := s.Candidates(callCtx(t), name)
+	if err != nil {
+		t.Fatalf("Candidates(%q): %v", name, err)
+	}
+	var out []string
+	for _, c := range cands {
+		out = append(out, fmt.Sprintf("%s/%d", c.ID, c.Priority))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestRefusedAcquireEnlistsInItsStatement checks, on both strategies, that
+// an Acquire that does not grant enlists its candidate, with its priority,
+// for EnlistFactor times its TTL on the server's clock, in the one
+// statement that refuses it; and that a grant enlists nobody. The holder
+// is on a store of its own, whose statements (an advisory grant's
+// announcement) are not counted.
+func TestRefusedAcquireEnlistsInItsStatement(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	log := &statementLog{}
+	traced := poolWith(t, pool, func(c *pgx.ConnConfig) { c.Tracer = log })
+	lease, advisory := setupOn(t, traced, Options{}).store, setupAdvisory(t, traced, Options{})
+	for _, st := range []struct {
+		holder, s transferer
+		want      string // the refusing statement
+	}{
+		{setupOn(t, pool, Options{}).store, lease, lease.sql.acquire},
+		{setupAdvisory(t, pool, Options{}), advisory, advisory.sql.grantQuick},
+	} {
+		const ttl = time.Minute
+		name := "enlists-" + string(strategyOf(st.s))
+		alice, bob := candidate("alice"), candidate("bob")
+		mustGrant(t, st.holder, name, alice, ttl)
+		bob.Priority = 3
+		if _, granted := mustAcquire(t, st.s, name, bob, ttl); granted { // the advisory store opens bob's session
+			t.Fatalf("%s: bob was granted alice's lease", name)
+		}
+		bob.Priority = 9
+		var granted bool
+		sent := log.record(func() { _, granted = mustAcquire(t, st.s, name, bob, ttl) })
+		if granted {
+			t.Fatalf("%s: bob was granted alice's lease", name)
+		}
+		if len(sent) != 1 || sent[0] != st.want {
+			t.Errorf("%s: bob's refused Acquire sent %d statements; want one, the grant statement:\n%s", name, len(sent), strings.Join(sent, "\n----\n"))
+		}
+		if got := candidateList(t, st.s, name); !slices.Equal(got, []string{"bob/9"}) {
+			t.Errorf("%s: Candidates after bob's refusals = %v; want bob/9 alone (a grant enlists nobody)", name, got)
+		}
+		var left time.Duration
+		err := pool.QueryRow(callCtx(t), `SELECT expires_at - clock_timestamp() FROM `+Options{}.withDefaults().qualifiedCandidateTable()+
+			` WHERE name = $1 AND token = $2`, name, bob.Token).Scan(&left)
+		if want := leader.EnlistFactor * ttl; err != nil || left > want || left < want-10*time.Second {
+			t.Errorf("%s: bob's entry has %v left, %v; want about %v", name, left, err, want)
+		}
+	}
+}
+
+// TestAcquireOfTheOtherStrategyDoesNotEnlist checks that an Acquire
+// refused because the other strategy elects the name does not enlist its
+// candidate, any more than Enlist would (see
+// TestEnlistKeepsToTheNamesStrategy).
+func TestAcquireOfTheOtherStrategyDoesNotEnlist(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	advisory := setupAdvisory(t, b.pool, Options{})
+	for _, st := range []struct {
+		name          string
+		holder, other transferer
+	}{{"lease-held", b.store, advisory}, {"advisory-held", advisory, b.store}} {
+		mustGrant(t, st.holder, st.name, candidate("alice"), time.Minute)
+		_, granted, err := st.other.Acquire(callCtx(t), st.name, candidate("bob"), time.Minute)
+		var conflict *StrategyConflictError
+		if granted || !errors.As(err, &conflict) {
+			t.Errorf("%s: the other strategy's Acquire: granted %v, %v; want a *StrategyConflictError", st.name, granted, err)
+		}
+		if got := candidateList(t, st.holder, st.name); len(got) != 0 {
+			t.Errorf("%s: Candidates after the other strategy's Acquire = %v; want none", st.name, got)
+		}
+	}
+}
+
+// TestRefusalCommitsLazily checks that the statement of an Acquire that
+// does not grant commits with synchronous_commit off, on both strategies
+// (the candidate's entry need not survive a crash, and a refusal need not
+// wait for a WAL flush), and that a grant's keeps the setting it had (see
+// durableCommit).
+func TestRefusalCommitsLazily(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	advisory := setupAdvisory(t, b.pool, Options{})
+	const ttl = time.Minute
+	alice, bob := candidate("alice"), candidate("bob")
+	mustRelease(t, b.store, "lazy-lease", alice, mustGrant(t, b.store, "lazy-lease", alice, ttl).Term)
+	iv, ms, idle, every := ttlSettings(ttl)
+	hi, lo := keyHalves(advisory.Key("lazy-advisory"))
+	leaseArgs := []any{"lazy-lease", bob.Token, bob.ID, iv, b.store.opts.Channel, int32(0)}
+	for _, st := range []struct {
+		what string
+		hold func() // before the statement runs
+		sql  string
+		args []any
+		want string
+	}{
+		{"a lease grant", func() {}, b.store.sql.acquire, leaseArgs, "on"},
+		{"a lease refusal", func() { mustGrant(t, b.store, "lazy-lease", alice, ttl) }, b.store.sql.acquire, leaseArgs, "off"},
+		{"an advisory refusal", func() { mustGrant(t, advisory, "lazy-advisory", alice, ttl) }, advisory.sql.grantQuick,
+			[]any{"lazy-advisory", advisory.Key("lazy-advisory"), bob.Token, bob.ID, iv, ms, idle, every, hi, lo, int32(0)}, "off"},
+	} {
+		st.hold()
+		if got := commitSetting(t, b.pool, st.sql, st.args...); got != st.want {
+			t.Errorf("%s: the statement's transaction commits with synchronous_commit %s; want %s", st.what, got, st.want)
+		}
+	}
+}
+
+// commitSetting runs sql in a transaction whose synchronous_commit is on,
+// and returns the setting that the transaction would commit with; it
+// rolls the transaction back.
+func commitSetting(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) string {
+	t.Helper()
+	tx, err := pool.Begin(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(callCtx(t)) //nolint:errcheck // the test's outcome is the setting
+	if _, err := tx.Exec(callCtx(t), "SET LOCAL synchronous_commit = on"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(callCtx(t), sql, args...); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := tx.QueryRow(callCtx(t), "SHOW synchronous_commit").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
