@@ -22,14 +22,15 @@ func TestMain(m *testing.M) {
 // A minimal run of every setup and of the idle cost, against a throwaway
 // cluster (or LEADER_TEST_DATABASE_URL) and an embedded etcd: each elector
 // kind elects, hands over gracefully, survives a killed (or black-holed)
-// leader, is counted at steady state, and reports its idle cost; the lease
-// strategy also holds 500 names in one process and runs 5 processes × 10
-// names (short windows). It
-// catches breakage of the harness and of the peers' adapters, not
-// performance.
+// leader, is counted at steady state, and reports its idle cost; ours
+// also transfer to named followers and go through two rolling deploys
+// (the leader replaced first, then in the middle), each of which must move
+// leadership exactly once; the lease strategy also holds 500 names in one
+// process and runs 5 processes × 10 names (short windows). It catches
+// breakage of the harness and of the peers' adapters, not performance.
 func TestSmoke(t *testing.T) {
 	p := quickPlan()
-	p.followers, p.graceful, p.crash = 2, 2, 1
+	p.followers, p.graceful, p.crash, p.transfer, p.deploys = 2, 2, 1, 2, 2
 	p.loadWindow = func(t timing) time.Duration { return t.TTL.D() }
 	p.idleN, p.idleNAdvisory = 10, 5
 	p.scaleNames, p.scaleNamesWindow = 500, 8*time.Second
@@ -59,9 +60,21 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s %s: %s", r.Setup, r.Scenario, r.Error)
 		}
 		switch r.Scenario {
-		case scGraceful, scCrash, scBlackHole:
+		case scGraceful, scCrash, scBlackHole, scTransfer:
 			if r.Summary == nil || r.Summary.N != r.Trials || r.Failures != 0 {
 				t.Errorf("%s %s: %d of %d trials measured, %d failed", r.Setup, r.Scenario, len(r.SamplesMs), r.Trials, r.Failures)
+			}
+			if r.Scenario == scTransfer && len(r.SeriesMs[seriesCommandToElected]) != len(r.SamplesMs) {
+				t.Errorf("%s: %d gaps but %d times from the command: %v", r.Setup, len(r.SamplesMs), len(r.SeriesMs[seriesCommandToElected]), r.SeriesMs)
+			}
+		case scRolling:
+			if len(r.Deploys) != p.deploys || r.Summary == nil {
+				t.Errorf("%s: %d of %d deploys measured", r.Setup, len(r.Deploys), p.deploys)
+			}
+			for i, d := range r.Deploys {
+				if !d.exactlyOnce() {
+					t.Errorf("%s: deploy %d did not move leadership exactly once, to the new release: %+v", r.Setup, i, d)
+				}
 			}
 		case scLoad:
 			if r.Values["leader_stmts_per_s"] <= 0 {
@@ -101,10 +114,17 @@ func TestSmoke(t *testing.T) {
 			}
 		}
 	}
+	for _, kind := range []string{kindLease, kindAdvisory} {
+		for _, sc := range []string{scTransfer, scRolling} {
+			if !seen[kind+" "+sc] {
+				t.Errorf("no %s result for %s", sc, kind)
+			}
+		}
+	}
 	if !seen[kindAdvisory+" "+scBlackHole] {
 		t.Errorf("no black-hole result for the advisory strategy")
 	}
-	for _, heading := range []string{"### Handover and takeover", "### Steady-state load", "### Idle followers", "### Scale: many names", "### Scale: many processes", "### Targets"} {
+	for _, heading := range []string{"### Handover and takeover", "### Handing over on purpose", "### Steady-state load", "### Idle followers", "### Scale: many names", "### Scale: many processes", "### Targets"} {
 		if !strings.Contains(stdout.String(), heading) {
 			t.Errorf("the markdown has no %q table", heading)
 		}

@@ -111,26 +111,29 @@ func oursBackend(ctx context.Context, spec childSpec, logger *slog.Logger) (*bac
 	acquires := new(atomic.Int64)
 	return &backend{
 		newCandidate: func(id string, h hooks) (candidate, error) {
-			e, err := leader.New(readyStore(store, h.ready, acquires), leader.Config{
-				Name:          spec.Name,
-				ID:            id,
-				TTL:           spec.Timing.TTL.D(),
-				RenewInterval: spec.Timing.Renew.D(),
-				Logger:        logger.With(slog.String("id", id)),
+			var e *leader.Elector
+			e, err := leader.New(readyStore(store, h, acquires), leader.Config{
+				Name:           spec.Name,
+				ID:             id,
+				TTL:            spec.Timing.TTL.D(),
+				RenewInterval:  spec.Timing.Renew.D(),
+				Priority:       spec.Priority,
+				HandOverOnStop: spec.HandOverOnStop,
+				Logger:         logger.With(slog.String("id", id)),
 				OnElected: func(ctx context.Context) {
 					term, _ := leader.TermFrom(ctx)
-					h.elected(term)
+					h.elected(term, string(e.Status().Reason))
 				},
 				OnDemoted: h.demoted,
 			})
 			if err != nil {
 				return nil, err
 			}
-			return &goCandidate{run: func(ctx context.Context) {
+			return &electorCandidate{e: e, goCandidate: goCandidate{run: func(ctx context.Context) {
 				if err := e.Run(ctx); err != nil {
 					logger.Error("Run", slog.Any("error", err))
 				}
-			}}, nil
+			}}}, nil
 		},
 		counts:   counter.snapshot,
 		acquires: acquires.Load,
@@ -139,14 +142,46 @@ func oursBackend(ctx context.Context, spec childSpec, logger *slog.Logger) (*bac
 	}, nil
 }
 
-// readyStore wraps store to call ready when the first Acquire returns (so
+// electorCandidate is a campaign of ours: it can hand its leadership over.
+type electorCandidate struct {
+	goCandidate
+	e *leader.Elector
+}
+
+func (c *electorCandidate) transfer(ctx context.Context, to string) (leader.Lease, error) {
+	return c.e.Transfer(ctx, to)
+}
+
+// readyStore wraps store to call h.ready when the first Acquire returns (so
 // that readiness costs the Elector nothing: no OnNewLeader goroutine), and
-// to count Acquire calls in calls. It keeps the store's LossNotifier, which
-// the Elector looks for.
-func readyStore(store leader.Store, ready func(), calls *atomic.Int64) leader.Store {
-	w := &acquireHook{Store: store, ready: ready, calls: calls}
-	if ln, ok := store.(leader.LossNotifier); ok {
-		return &acquireHookLoss{acquireHook: w, ln: ln}
+// h.enlisted after each Enlist that succeeds, and to count Acquire calls in
+// calls. It keeps the store's LossNotifier and Transferer, which the
+// Elector looks for.
+func readyStore(store leader.Store, h hooks, calls *atomic.Int64) leader.Store {
+	w := &acquireHook{Store: store, ready: h.ready, calls: calls}
+	ln, loss := store.(leader.LossNotifier)
+	ts, transfers := store.(leader.Transferer)
+	var th *transferHook
+	if transfers {
+		th = &transferHook{Transferer: ts, enlisted: h.enlisted}
+	}
+	switch {
+	case loss && transfers:
+		return &struct {
+			*acquireHook
+			leader.LossNotifier
+			*transferHook
+		}{w, ln, th}
+	case loss:
+		return &struct {
+			*acquireHook
+			leader.LossNotifier
+		}{w, ln}
+	case transfers:
+		return &struct {
+			*acquireHook
+			*transferHook
+		}{w, th}
 	}
 	return w
 }
@@ -184,13 +219,27 @@ func (s *acquireHook) WatchFree(ctx context.Context, name string) (<-chan struct
 	return s.Store.Watch(ctx, name)
 }
 
-type acquireHookLoss struct {
-	*acquireHook
-	ln leader.LossNotifier
+// transferHook passes on the store's leader.Transferer, calling enlisted
+// (if not nil) after each Enlist that succeeds, and tracing ReleaseTo.
+type transferHook struct {
+	leader.Transferer
+	enlisted func()
 }
 
-func (s *acquireHookLoss) Lost(name, token string, term uint64) <-chan struct{} {
-	return s.ln.Lost(name, token, term)
+func (s *transferHook) Enlist(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) error {
+	err := s.Transferer.Enlist(ctx, name, c, ttl)
+	if err == nil && s.enlisted != nil {
+		s.enlisted()
+	}
+	return err
+}
+
+// ReleaseTo traces the call (see envTrace).
+func (s *transferHook) ReleaseTo(ctx context.Context, name, token string, term uint64, successor leader.Candidate, reason leader.GrantReason, hold time.Duration) error {
+	tracef("release-to %s start", successor.ID)
+	err := s.Transferer.ReleaseTo(ctx, name, token, term, successor, reason, hold)
+	tracef("release-to end err=%v", err)
+	return err
 }
 
 // --- the skill's table and heartbeat ---
@@ -207,7 +256,7 @@ func skillBackend(spec childSpec, logger *slog.Logger) (*backend, error) {
 				CandidateID:             id,
 				HeartbeatInterval:       spec.Timing.Renew.D(),
 				HeartbeatTimeoutSeconds: int(spec.Timing.TTL.D() / time.Second),
-				OnBecomeLeader:          func() { h.elected(0) },
+				OnBecomeLeader:          func() { h.elected(0, "") },
 				OnLoseLeadership:        h.demoted,
 				Logger:                  slog.New(slog.DiscardHandler),
 			})
@@ -267,7 +316,7 @@ func clientGoBackend(spec childSpec) (*backend, error) {
 						mu.Lock()
 						led = true
 						mu.Unlock()
-						h.elected(0)
+						h.elected(0, "")
 					},
 					OnStoppedLeading: func() {
 						mu.Lock()
@@ -374,7 +423,7 @@ func (c *etcdCandidate) start() {
 		c.mu.Lock()
 		c.led = true
 		c.mu.Unlock()
-		c.h.elected(uint64(el.Rev()))
+		c.h.elected(uint64(el.Rev()), "")
 		select {
 		case <-sess.Done():
 			if ctx.Err() == nil {

@@ -4,15 +4,18 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/internal/monotime"
 )
 
@@ -45,15 +48,26 @@ type childSpec struct {
 	// Name-00000 on; PoolConns its pool's MaxConns (0: pgxpool's default).
 	Names     int `json:"names,omitempty"`
 	PoolConns int `json:"pool_conns,omitempty"`
+	// Priority is a candidate's Config.Priority, and HandOverOnStop its
+	// Config.HandOverOnStop (ours only): the rolling deploy starts each
+	// new release one above the last, and stops the old one as "leader
+	// run" does at SIGTERM.
+	Priority       int  `json:"priority,omitempty"`
+	HandOverOnStop bool `json:"hand_over_on_stop,omitempty"`
 }
 
 // event is one line a child writes on its standard output.
 //
 //	ready     a campaign has made its first attempt (it is a follower or the leader)
-//	elected   this candidate became leader (T is when its OnElected equivalent ran)
-//	demoted   this candidate lost leadership while campaigning
+//	enlisted  ours: the campaign's first Enlist succeeded, so a leader may pick it as its successor
+//	elected   this candidate became leader (T is when its OnElected equivalent ran;
+//	          ours also say why it was granted, Lease.Reason, in Reason)
+//	demoted   this candidate lost leadership while campaigning (T is OnDemoted's
+//	          last act: its return, but for writing the line)
 //	stopping  the child read "stop" and is about to stop campaigning
 //	stopped   the campaign has stopped (and released, if it led)
+//	transfer  the child read "transfer" and is about to call Elector.Transfer
+//	transferred  Elector.Transfer returned: the successor's Term and ID (Holder), or the error (Msg)
 //	counts    reply to "counts": statements sent since the child started
 //	idle      reply of an idle child: its cost report
 //	handover  reply of a herd child to "handover": what it cost
@@ -70,17 +84,21 @@ type event struct {
 	Herd   *herdReport  `json:"herd,omitempty"`
 	Scale  *scaleReport `json:"scale,omitempty"`
 	Name   string       `json:"name,omitempty"`
+	Reason string       `json:"reason,omitempty"`
+	Holder string       `json:"holder,omitempty"`
 	Msg    string       `json:"msg,omitempty"`
 }
 
 // Commands the parent writes to a candidate child's standard input, one a
-// line: "stop", "resume", "counts", "exit". End of input means the parent
-// is gone: the child exits at once.
+// line: "stop", "resume", "counts", "exit", and for ours "transfer ID"
+// (Elector.Transfer to the candidate ID; "transfer" alone: to the best).
+// End of input means the parent is gone: the child exits at once.
 const (
-	cmdStop   = "stop"
-	cmdResume = "resume"
-	cmdCounts = "counts"
-	cmdExit   = "exit"
+	cmdStop     = "stop"
+	cmdResume   = "resume"
+	cmdCounts   = "counts"
+	cmdExit     = "exit"
+	cmdTransfer = "transfer"
 )
 
 // emitter writes events, one JSON object a line, stamped with
@@ -118,11 +136,24 @@ type candidate interface {
 	stop()
 }
 
+// transferrer is a candidate that can hand its leadership over (ours).
+type transferrer interface {
+	candidate
+	// transfer calls Elector.Transfer: to the candidate whose ID is to,
+	// or the best one when to is "".
+	transfer(ctx context.Context, to string) (leader.Lease, error)
+}
+
 // hooks are how a candidate reports to its process.
 type hooks struct {
-	ready   func() // after the first attempt; called once per campaign
-	elected func(term uint64)
+	ready func() // after the first attempt; called once per campaign
+	// elected gets the term, where the kind has one, and why the lease
+	// was granted, where the kind says (ours: Lease.Reason).
+	elected func(term uint64, reason string)
 	demoted func()
+	// enlisted is called after each Enlist that succeeds (ours, on a
+	// store that implements leader.Transferer); may be nil.
+	enlisted func()
 }
 
 // backend is what the campaigns of one child process share (a pool, a
@@ -172,11 +203,15 @@ func runCandidate(spec childSpec, em *emitter, logger *slog.Logger) int {
 	}
 	defer be.close()
 	campaign := func() (candidate, error) {
-		var once sync.Once
+		var readyOnce, enlistedOnce sync.Once
 		return be.newCandidate(spec.ID, hooks{
-			ready:   func() { once.Do(func() { em.emit(event{Ev: "ready"}) }) },
-			elected: func(term uint64) { tracef("elected %s", spec.ID); em.emit(event{Ev: "elected", Term: term}) },
-			demoted: func() { em.emit(event{Ev: "demoted"}) },
+			ready: func() { readyOnce.Do(func() { em.emit(event{Ev: "ready"}) }) },
+			elected: func(term uint64, reason string) {
+				tracef("elected %s", spec.ID)
+				em.emit(event{Ev: "elected", Term: term, Reason: reason})
+			},
+			demoted:  func() { em.emit(event{Ev: "demoted"}) },
+			enlisted: func() { enlistedOnce.Do(func() { em.emit(event{Ev: "enlisted"}) }) },
 		})
 	}
 	time.Sleep(spec.StartDelay.D())
@@ -188,7 +223,8 @@ func runCandidate(spec childSpec, em *emitter, logger *slog.Logger) int {
 	running := true
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		switch in.Text() {
+		cmd, arg, _ := strings.Cut(in.Text(), " ")
+		switch cmd {
 		case cmdStop:
 			tracef("stopping %s", spec.ID)
 			em.emit(event{Ev: "stopping"})
@@ -209,6 +245,13 @@ func runCandidate(spec childSpec, em *emitter, logger *slog.Logger) int {
 		case cmdCounts:
 			n := be.counts()
 			em.emit(event{Ev: "counts", Counts: &n})
+		case cmdTransfer:
+			em.emit(event{Ev: "transfer"})
+			if running {
+				transfer(c, arg, spec.Timing, em)
+			} else {
+				em.emit(event{Ev: "transferred", Msg: "not campaigning"})
+			}
 		case cmdExit:
 			if running {
 				c.stop()
@@ -218,6 +261,25 @@ func runCandidate(spec childSpec, em *emitter, logger *slog.Logger) int {
 	}
 	// The parent is gone: leave at once, like a killed process.
 	return 1
+}
+
+// transfer has c hand its leadership over to the candidate whose ID is to
+// (the best one if to is ""), waiting at most two TTLs, and emits
+// "transferred" with the outcome.
+func transfer(c candidate, to string, t timing, em *emitter) {
+	tc, ok := c.(transferrer)
+	if !ok {
+		em.emit(event{Ev: "transferred", Msg: fmt.Sprintf("this kind cannot hand over: %v", errors.ErrUnsupported)})
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*t.TTL.D())
+	defer cancel()
+	l, err := tc.transfer(ctx, to)
+	if err != nil {
+		em.emit(event{Ev: "transferred", Msg: err.Error()})
+		return
+	}
+	em.emit(event{Ev: "transferred", Term: l.Term, Holder: l.HolderID})
 }
 
 // idleReport is what an idle child measured: the cost of N idle followers
@@ -273,7 +335,7 @@ func runIdle(spec childSpec, em *emitter, logger *slog.Logger) int {
 					}
 				})
 			},
-			elected: func(uint64) { em.emit(event{Ev: "error", Msg: "an idle follower was elected"}) },
+			elected: func(uint64, string) { em.emit(event{Ev: "error", Msg: "an idle follower was elected"}) },
 			demoted: func() {},
 		})
 		if err != nil {

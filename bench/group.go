@@ -31,8 +31,18 @@ type member struct {
 	leader                                     bool
 	lastElectedT, lastStoppingT, lastDemotedT  int64
 	lastTerm                                   uint64
+	lastReason                                 string // of the last election (ours)
 	counts                                     counts
 	exited                                     bool
+
+	// Ours: its priority; its campaigns enlisted as candidates; its
+	// losses; when it read the last transfer command; the outcomes of
+	// its transfers, and the last one.
+	priority          int
+	enlisted, demoted int
+	lastTransferCmdT  int64
+	transfers         int
+	lastTransfer      event
 }
 
 type memberEvent struct {
@@ -50,6 +60,20 @@ type group struct {
 	events  chan memberEvent
 	gen     int
 	errors  []string
+	// While recording, every election and loss goes into timeline (the
+	// rolling deploy's account of leadership).
+	recording bool
+	timeline  []leadershipEvent
+}
+
+// leadershipEvent is an election (elected) or a loss, at t on
+// CLOCK_MONOTONIC: a loss's t is when OnDemoted ran (or, for a leader that
+// stopped or exited without one, when the stop was written, or read).
+type leadershipEvent struct {
+	m       *member
+	elected bool
+	t       int64
+	reason  string
 }
 
 // slotRole is the database role of a slot's candidates.
@@ -73,10 +97,21 @@ func (b *bench) startGroup(s *setup, dbname string, size int) (*group, error) {
 	return g, nil
 }
 
-// spawn starts a candidate process in slot.
+// spawn starts a candidate process in slot, at priority 0.
 func (g *group) spawn(slot int) (*member, error) {
+	m, err := g.launch(slot, 0)
+	if err != nil {
+		return nil, err
+	}
+	g.members[slot] = m
+	return m, nil
+}
+
+// launch starts a candidate process for slot (with the slot's role) at
+// priority, and leaves the slot as it is.
+func (g *group) launch(slot, priority int) (*member, error) {
 	g.gen++
-	m := &member{slot: slot, id: fmt.Sprintf("c%d.%d", slot, g.gen), role: slotRole(slot)}
+	m := &member{slot: slot, id: fmt.Sprintf("c%d.%d", slot, g.gen), role: slotRole(slot), priority: priority}
 	hostport := ""
 	if g.s.Proxy {
 		m.proxy = toxiproxy.NewProxy(g.b.proxies, fmt.Sprintf("%s-%s", g.s.Name, m.id), "127.0.0.1:0", g.b.db.addr())
@@ -85,7 +120,8 @@ func (g *group) spawn(slot int) (*member, error) {
 		}
 		hostport = m.proxy.Listen
 	}
-	spec := childSpec{Kind: g.s.Kind, Timing: g.s.Timing, Name: electionName, ID: m.id}
+	spec := childSpec{Kind: g.s.Kind, Timing: g.s.Timing, Name: electionName, ID: m.id,
+		Priority: priority, HandOverOnStop: g.s.HandOverOnStop}
 	if g.s.Kind == kindSkill {
 		// The skill's candidates poll on a fixed ticker from their start:
 		// started together, they would all poll at the same moments, which
@@ -111,7 +147,6 @@ func (g *group) spawn(slot int) (*member, error) {
 		}
 		g.events <- memberEvent{m, event{Ev: "exit"}}
 	}()
-	g.members[slot] = m
 	return m, nil
 }
 
@@ -121,13 +156,18 @@ func (g *group) apply(me memberEvent) {
 	switch ev.Ev {
 	case "ready":
 		m.ready++
+	case "enlisted":
+		m.enlisted++
 	case "elected":
 		m.elected++
 		m.leader = true
-		m.lastElectedT, m.lastTerm = ev.T, ev.Term
+		m.lastElectedT, m.lastTerm, m.lastReason = ev.T, ev.Term, ev.Reason
+		g.record(m, true, ev.T, ev.Reason)
 	case "demoted":
+		m.demoted++
 		m.leader = false
 		m.lastDemotedT = ev.T
+		g.record(m, false, ev.T, "")
 	case "stopping":
 		m.stopping++
 		m.lastStoppingT = ev.T
@@ -136,7 +176,13 @@ func (g *group) apply(me memberEvent) {
 		if m.leader {
 			m.leader = false
 			m.lastDemotedT = ev.T
+			g.record(m, false, ev.T, "")
 		}
+	case "transfer":
+		m.lastTransferCmdT = ev.T
+	case "transferred":
+		m.transfers++
+		m.lastTransfer = ev
 	case "counts":
 		m.countsN++
 		if ev.Counts != nil {
@@ -144,11 +190,21 @@ func (g *group) apply(me memberEvent) {
 		}
 	case "exit":
 		m.exited = true
+		if m.leader {
+			g.record(m, false, monoNow(), "")
+		}
 		m.leader = false
 	case "error":
 		msg := fmt.Sprintf("%s %s: %s", g.s.Name, m.id, ev.Msg)
 		g.errors = append(g.errors, msg)
 		g.b.logf("child error: %s", msg)
+	}
+}
+
+// record adds an election or a loss to the timeline, while recording.
+func (g *group) record(m *member, elected bool, t int64, reason string) {
+	if g.recording {
+		g.timeline = append(g.timeline, leadershipEvent{m: m, elected: elected, t: t, reason: reason})
 	}
 }
 
@@ -300,6 +356,42 @@ func (g *group) replace(m *member) error {
 		return err
 	}
 	return g.waitUntil(time.Minute, n.id+" campaigning", func() bool { return n.ready > 0 || n.exited })
+}
+
+// surge replaces old the way a rolling deploy with surge does: a new
+// process for old's slot, at priority, starts beside it; once the new one
+// campaigns and is enlisted as a candidate (so a leader may pick it), old
+// is told to exit (which, with the setup's HandOverOnStop, hands over to
+// the best other candidate if it leads, as "leader run" does at SIGTERM)
+// and exits; then the new process takes the slot. On an error both stay
+// in the group, so that close stops them.
+func (g *group) surge(old *member, priority int) error {
+	n, err := g.launch(old.slot, priority)
+	if err != nil {
+		return err
+	}
+	g.members = append(g.members, n)
+	if err := g.waitUntil(time.Minute, n.id+" campaigning", func() bool { return n.ready > 0 || n.exited }); err != nil {
+		return err
+	}
+	// A follower of ours enlists at its start, and again every TTL.
+	err = g.waitUntil(2*g.s.Timing.TTL.D()+5*time.Second, n.id+" enlisted as a candidate", func() bool { return n.enlisted > 0 || n.exited })
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: does the store implement leader.Transferer?", err)
+	case n.exited:
+		return fmt.Errorf("%s exited", n.id)
+	}
+	old.p.send(cmdExit)
+	if err := g.waitUntil(2*g.s.Timing.TTL.D()+30*time.Second, old.id+" exiting", func() bool { return old.exited }); err != nil {
+		return err
+	}
+	if old.proxy != nil {
+		old.proxy.Stop()
+	}
+	g.members = g.members[:len(g.members)-1]
+	g.members[old.slot] = n
+	return nil
 }
 
 // collectCounts asks every live member for its counts and waits for them.

@@ -70,7 +70,7 @@ func runHerd(spec childSpec, em *emitter, logger *slog.Logger) int {
 		var once sync.Once
 		c, err := be.newCandidate(fmt.Sprintf("%s-%d", spec.ID, i), hooks{
 			ready: func() { once.Do(func() { close(ch) }) },
-			elected: func(uint64) {
+			elected: func(uint64, string) {
 				t := monoNow()
 				mu.Lock()
 				leading[i] = true

@@ -5,15 +5,17 @@
 // concurrency.Election on an embedded etcd. It measures graceful handover,
 // crash takeover with real processes (SIGKILL, and for the advisory
 // strategy a black-holed connection), the statements each candidate sends
-// at steady state, and the memory and goroutines of idle followers; and,
-// for the lease strategy, one process holding 10,000 names and 100
-// processes campaigning for the same 100 names (issue 6's scale). It
-// prints markdown tables and writes the measurements as JSON.
+// at steady state, and the memory and goroutines of idle followers; for
+// ours, a transfer to a named follower and rolling deploys to a release of
+// higher priority (issue 18); and, for the lease strategy, one process
+// holding 10,000 names and 100 processes campaigning for the same 100
+// names (issue 6's scale). It prints markdown tables and writes the
+// measurements as JSON.
 //
 // Run it from the repository root:
 //
-//	go -C bench run . -out bench-results.json       # full, about 27 minutes
-//	go -C bench run . -quick                         # smoke run, about 3 minutes
+//	go -C bench run . -out bench-results.json       # full, about 32 minutes
+//	go -C bench run . -quick                         # smoke run, about 3.5 minutes
 //
 // See README.md for the flags and what each figure means.
 package main
@@ -67,7 +69,9 @@ type options struct {
 	only        string
 	followers   int
 	graceful    int
+	transfer    int
 	crash       int
+	deploys     int
 	noDefaults  bool
 	noIdle      bool
 	noHerd      bool
@@ -91,10 +95,12 @@ func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 	fs.StringVar(&o.out, "out", "bench-results.json", "write the measurements as JSON to this file (relative to the bench directory with go -C bench); empty: don't")
 	fs.StringVar(&o.databaseURL, "database-url", "", "postgres:// URL of a superuser (or a role with CREATEDB and CREATEROLE) on an existing server; default: start a throwaway cluster")
 	fs.DurationVar(&o.ttl, "ttl", 0, "the equal TTL at which every kind runs, whole seconds, at least 2s (etcd's minimum lease); default 2s")
-	fs.StringVar(&o.only, "only", "", "run only the setups whose name matches this regular expression (names like lease@2s, advisory@2s-blackhole, etcd@1m0s-default, lease-idle, advisory-herd, lease-scale-10k, lease-scale-100x100)")
+	fs.StringVar(&o.only, "only", "", "run only the setups whose name matches this regular expression (names like lease@2s, lease@2s-rolling, advisory@2s-blackhole, etcd@1m0s-default, lease-idle, advisory-herd, lease-scale-10k, lease-scale-100x100)")
 	fs.IntVar(&o.followers, "followers", 0, "followers per setup (default 10; 5 with -quick)")
 	fs.IntVar(&o.graceful, "graceful", 0, "graceful handover trials per setup at the equal TTL (default 100; 5 with -quick)")
 	fs.IntVar(&o.crash, "crash", 0, "crash takeover trials per setup at the equal TTL (default 30, and 3x that for the advisory kill; 3 with -quick)")
+	fs.IntVar(&o.transfer, "transfer", 0, "transfer trials per setup of ours (default 100; 5 with -quick)")
+	fs.IntVar(&o.deploys, "deploys", 0, "rolling deploys of a 5-process group per setup of ours (default 5; 3 with -quick)")
 	fs.BoolVar(&o.noDefaults, "no-defaults", false, "skip the peers at their default timing")
 	fs.BoolVar(&o.noIdle, "no-idle", false, "skip the idle-cost measurement")
 	fs.BoolVar(&o.noHerd, "no-herd", false, "skip the many-followers-at-release measurement")
@@ -127,7 +133,8 @@ func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 	for _, f := range []struct {
 		v   int
 		dst *int
-	}{{o.followers, &p.followers}, {o.graceful, &p.graceful}, {o.crash, &p.crash}, {o.idleN, &p.idleN}, {o.idleNAdv, &p.idleNAdvisory}, {o.herdN, &p.herdN},
+	}{{o.followers, &p.followers}, {o.graceful, &p.graceful}, {o.crash, &p.crash}, {o.transfer, &p.transfer}, {o.deploys, &p.deploys},
+		{o.idleN, &p.idleN}, {o.idleNAdv, &p.idleNAdvisory}, {o.herdN, &p.herdN},
 		{o.scaleNames, &p.scaleNames}, {o.scaleProcs, &p.scaleProcs}, {o.scaleProcN, &p.scaleProcNames}} {
 		if f.v < 0 {
 			return o, p, fmt.Errorf("counts must not be negative")
@@ -302,7 +309,7 @@ func runBench(o options, p plan, stdout, stderr io.Writer) int {
 		}
 	}
 	b.proxies = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
-	for slot := range p.followers + 1 {
+	for slot := range max(p.followers+1, p.rollingSize) {
 		if err := b.db.ensureRole(ctx, slotRole(slot)); err != nil {
 			fmt.Fprintln(stderr, "bench:", err)
 			return 1

@@ -128,6 +128,22 @@ func evaluateTargets(results []Result) []target {
 			add("leader ≤ 1 statement per renew interval", r.Setup, 1, r.Values["leader_stmts_per_renew"], "statements/renew interval", true)
 		}
 	}
+	etcd := find(results, scGraceful, kindEtcd, false)
+	for _, kind := range []string{kindLease, kindAdvisory} {
+		if r := find(results, scGraceful, kind, false); r != nil && r.Summary != nil && etcd != nil && etcd.Summary != nil {
+			what := fmt.Sprintf("graceful handover p99 below etcd's (%s ms, same run)", fmtMs(etcd.Summary.P99))
+			add(what, r.Setup, etcd.Summary.P99, r.Summary.P99, "ms", true)
+			out[len(out)-1].Met = r.Summary.P99 < etcd.Summary.P99
+		}
+		if r := find(results, scTransfer, kind, false); r != nil && r.Summary != nil {
+			add("transfer: leaderless gap p99 ≤ 2 ms", r.Setup, 2, r.Summary.P99, "ms", true)
+		}
+		if r := find(results, scRolling, kind, false); r != nil && len(r.Deploys) > 0 {
+			add("rolling deploy: leadership changes exactly once, to the new release", r.Setup, 0,
+				r.Values["deploys"]-r.Values["exactly_once"], fmt.Sprintf("of %.0f deploys did not", r.Values["deploys"]), true)
+			add("rolling deploy: longest leaderless gap ≤ 2 ms", r.Setup, 2, r.Summary.Max, "ms", true)
+		}
+	}
 	if r := find(results, scScaleNames, kindLease, false); r != nil {
 		names := fmt.Sprintf("%s names in one process", thousands(r.Values["names"]))
 		add(names+": one statement per renew round", r.Setup, 1, r.Values["statements_per_round"], "statements/round", true)
@@ -276,6 +292,9 @@ func writeMarkdown(w io.Writer, rep *report) {
 		fmt.Fprintf(w, "| %s | %s | %d | %s | %s%s | %s |\n", lbl, timingCell(r.Timing, r.Kind), r.Followers,
 			latencyCell(m[scGraceful]), latencyCell(crash), crashLabel, ratio)
 	}
+	if has(scTransfer, scRolling) {
+		writeHandingOver(w, results, setupOrder, bySetup)
+	}
 	if has(scLoad) {
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "### Steady-state load (statements per second, per process)")
@@ -421,7 +440,7 @@ func writeMarkdown(w io.Writer, rep *report) {
 	}
 
 	if len(rep.Targets) > 0 {
-		fmt.Fprintln(w, "### Targets (issue 6)")
+		fmt.Fprintln(w, "### Targets (issues 6 and 18)")
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "| Target | Setup | Measured | Met |")
 		fmt.Fprintln(w, "|---|---|---|---|")
@@ -442,6 +461,61 @@ func writeMarkdown(w io.Writer, rep *report) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// writeHandingOver writes the table of handing over on purpose, for every
+// setup at the equal TTL: the graceful handover of every kind beside our
+// transfers and rolling deploys (the peers cannot hand over to a chosen
+// candidate: n/a).
+func writeHandingOver(w io.Writer, results []Result, setupOrder []string, bySetup map[string]map[string]*Result) {
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "### Handing over on purpose: graceful stop, transfer, rolling deploy (equal TTL)")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| Elector | Timing | Graceful handover (ms: p50 / p99 / max) | Transfer: leaderless gap, OnDemoted return → successor's OnElected (ms) | Transfer: command → successor's OnElected (ms) | Rolling deploy: deploys where leadership changed exactly once (changes min–max) | Rolling deploy: longest leaderless gap (ms: p50 / p99 / max over deploys) | Rolling deploy: duration (s: p50 / max) |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	for _, name := range setupOrder {
+		m := bySetup[name]
+		g := m[scGraceful]
+		if g == nil || g.Defaults {
+			continue
+		}
+		transfer, toElected, once, gap, total := "n/a", "n/a", "n/a", "n/a", "n/a"
+		if g.Kind == kindLease || g.Kind == kindAdvisory {
+			transfer, toElected = latencyCell(m[scTransfer]), seriesCell(m[scTransfer], seriesCommandToElected)
+			once, gap, total = "–", "–", "–"
+			if d := find(results, scRolling, g.Kind, false); d != nil && len(d.Deploys) > 0 {
+				v := d.Values
+				once = fmt.Sprintf("%.0f of %.0f (%.0f–%.0f)", v["exactly_once"], v["deploys"], v["changes_min"], v["changes_max"])
+				gap = latencyCell(d)
+				total = fmt.Sprintf("%.1f / %.1f", v["total_p50_ms"]/1000, v["total_max_ms"]/1000)
+			} else if failed(results, scRolling, g.Kind) != nil {
+				once = "failed"
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", label(g), timingCell(g.Timing, g.Kind),
+			latencyCell(g), transfer, toElected, once, gap, total)
+	}
+}
+
+// failed returns the failed result of scenario for kind at the equal TTL,
+// or nil.
+func failed(results []Result, scenario, kind string) *Result {
+	for i := range results {
+		r := &results[i]
+		if r.Scenario == scenario && r.Kind == kind && !r.Defaults && r.Error != "" {
+			return r
+		}
+	}
+	return nil
+}
+
+// seriesCell summarizes one of r's series as latencyCell does its samples.
+func seriesCell(r *Result, series string) string {
+	if r == nil || len(r.SeriesMs[series]) == 0 {
+		return latencyCell(r)
+	}
+	s := summarize(r.SeriesMs[series])
+	return fmt.Sprintf("%s / %s / %s (n=%d)", fmtMs(s.P50), fmtMs(s.P99), fmtMs(s.Max), s.N)
 }
 
 func bytesCell(b float64) string {

@@ -23,11 +23,16 @@ type Result struct {
 	Summary   *summary           `json:"summary_ms,omitempty"`
 	Values    map[string]float64 `json:"values,omitempty"`
 	Notes     []string           `json:"notes,omitempty"`
+	// SeriesMs are further latencies of the same trials, by name, every
+	// sample (the transfer's command_to_elected).
+	SeriesMs map[string][]float64 `json:"series_ms,omitempty"`
 	// Rounds are the renew rounds of the scale measurement of one process
 	// with many names, each with its statements' latencies.
-	Rounds  []roundReport `json:"rounds,omitempty"`
-	Error   string        `json:"error,omitempty"`
-	WallSec float64       `json:"wall_s"`
+	Rounds []roundReport `json:"rounds,omitempty"`
+	// Deploys are the rolling deploys, one by one.
+	Deploys []deployReport `json:"deploys,omitempty"`
+	Error   string         `json:"error,omitempty"`
+	WallSec float64        `json:"wall_s"`
 }
 
 // groupScenario measures something on a running group of candidates.
@@ -42,8 +47,10 @@ type groupScenario struct {
 var groupScenarios = map[string]groupScenario{
 	scLoad:      {scLoad, measureLoad},
 	scGraceful:  {scGraceful, measureGraceful},
+	scTransfer:  {scTransfer, measureTransfer},
 	scCrash:     {scCrash, measureCrash},
 	scBlackHole: {scBlackHole, measureBlackHole},
+	scRolling:   {scRolling, measureRollingDeploy},
 }
 
 func ms(ns int64) float64 { return float64(ns) / 1e6 }

@@ -91,10 +91,16 @@ type setup struct {
 	// Proxy puts an in-process TCP proxy between each candidate and the
 	// database, for black-holing a leader's connections.
 	Proxy bool `json:"proxy,omitempty"`
+	// HandOverOnStop sets ours' Config.HandOverOnStop: a leader told to
+	// exit hands over to the best other candidate, as "leader run" does
+	// at SIGTERM (the rolling deploy).
+	HandOverOnStop bool `json:"hand_over_on_stop,omitempty"`
 
 	Followers      int      `json:"followers"`
 	GracefulTrials int      `json:"graceful_trials"`
+	TransferTrials int      `json:"transfer_trials,omitempty"`
 	CrashTrials    int      `json:"crash_trials"`
+	Deploys        int      `json:"deploys,omitempty"` // rolling deploys
 	LoadWindow     duration `json:"load_window"`
 	Scenarios      []string `json:"scenarios"`
 	Note           string   `json:"note,omitempty"`
@@ -106,6 +112,10 @@ type plan struct {
 	equalTTL        time.Duration
 	followers       int
 	graceful, crash int // trials at the equal TTL
+	transfer        int // transfer trials (ours)
+	// deploys is how many rolling deploys (ours) replace a group of
+	// rollingSize processes.
+	deploys, rollingSize int
 	// defaultsGraceful and defaultsCrash are the trials at the peers'
 	// defaults, where one crash trial takes a whole default TTL (up to 60s).
 	defaultsGraceful int
@@ -132,6 +142,7 @@ func quickPlan() plan {
 	return plan{
 		mode:     "quick",
 		equalTTL: 2 * time.Second, followers: 5, graceful: 5, crash: 2,
+		transfer: 5, deploys: 3, rollingSize: 5,
 		loadWindow: func(t timing) time.Duration { return 2 * t.TTL.D() },
 		idleN:      100, idleNAdvisory: 50,
 		herdN: 50, herdTrials: 3,
@@ -145,6 +156,7 @@ func fullPlan() plan {
 	return plan{
 		mode:     "full",
 		equalTTL: 2 * time.Second, followers: 10, graceful: 100, crash: 30,
+		transfer: 100, deploys: 5, rollingSize: 5,
 		defaultsGraceful: 20,
 		defaultsCrash:    map[string]int{kindSkill: 2, kindClientGo: 3, kindEtcd: 2},
 		loadWindow: func(t timing) time.Duration {
@@ -183,7 +195,13 @@ func (p plan) setups() []setup {
 		})
 	}
 	for _, kind := range allKinds {
-		add(kind, timingAt(kind, p.equalTTL), false, p.graceful, p.crash, scLoad, scGraceful, scCrash)
+		ours := kind == kindLease || kind == kindAdvisory
+		if !ours {
+			add(kind, timingAt(kind, p.equalTTL), false, p.graceful, p.crash, scLoad, scGraceful, scCrash)
+			continue
+		}
+		add(kind, timingAt(kind, p.equalTTL), false, p.graceful, p.crash, scLoad, scGraceful, scTransfer, scCrash)
+		out[len(out)-1].TransferTrials = p.transfer
 		if kind == kindAdvisory {
 			// The advisory kill takes milliseconds: many more trials fit,
 			// and a p99 of fewer than 200 is little more than the maximum.
@@ -192,6 +210,11 @@ func (p plan) setups() []setup {
 			out[len(out)-1].Name += "-blackhole"
 			out[len(out)-1].Proxy = true
 		}
+		add(kind, timingAt(kind, p.equalTTL), false, 0, 0, scRolling)
+		out[len(out)-1].Name += "-rolling"
+		out[len(out)-1].Followers = p.rollingSize - 1
+		out[len(out)-1].Deploys = p.deploys
+		out[len(out)-1].HandOverOnStop = true
 	}
 	if p.withDefaults {
 		for _, kind := range []string{kindSkill, kindClientGo, kindEtcd} {
