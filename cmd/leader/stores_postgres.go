@@ -50,7 +50,14 @@ func postgresPool(ctx context.Context, spec storeSpec) (*pgxpool.Pool, string, e
 		}
 		return nil, "", usagef("--store %s: not a valid PostgreSQL URL: %s", spec.display, reason)
 	}
-	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > connectTimeout {
+	// Each host of a multi-host URL gets its own connect timeout: the
+	// stores' default (postgres.DefaultConnectTimeout) unless the URL's
+	// connect_timeout says otherwise, at most connectTimeout, so that a
+	// vanished host listed first costs little.
+	switch {
+	case cfg.ConnConfig.ConnectTimeout == 0:
+		cfg.ConnConfig.ConnectTimeout = postgres.DefaultConnectTimeout
+	case cfg.ConnConfig.ConnectTimeout > connectTimeout:
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
 	}
 	// A call whose context ends has its statement cancelled on the server
