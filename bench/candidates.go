@@ -154,8 +154,9 @@ func (c *electorCandidate) transfer(ctx context.Context, to string) (leader.Leas
 
 // readyStore wraps store to call h.ready when the first Acquire returns (so
 // that readiness costs the Elector nothing: no OnNewLeader goroutine), and
-// h.enlisted after each Enlist that succeeds, and to count Acquire calls in
-// calls. It keeps the store's LossNotifier and Transferer, which the
+// h.enlisted after each Enlist that succeeds and each Acquire that is
+// answered without a grant (which enlists, see leader.Transferer), and to
+// count Acquire calls in calls. It keeps the store's LossNotifier and Transferer, which the
 // Elector looks for.
 func readyStore(store leader.Store, h hooks, calls *atomic.Int64) leader.Store {
 	w := &acquireHook{Store: store, ready: h.ready, calls: calls}
@@ -164,6 +165,7 @@ func readyStore(store leader.Store, h hooks, calls *atomic.Int64) leader.Store {
 	var th *transferHook
 	if transfers {
 		th = &transferHook{Transferer: ts, enlisted: h.enlisted}
+		w.enlisted = h.enlisted
 	}
 	switch {
 	case loss && transfers:
@@ -188,9 +190,10 @@ func readyStore(store leader.Store, h hooks, calls *atomic.Int64) leader.Store {
 
 type acquireHook struct {
 	leader.Store
-	once  sync.Once
-	ready func()
-	calls *atomic.Int64
+	once     sync.Once
+	ready    func()
+	enlisted func() // nil unless the store is a leader.Transferer
+	calls    *atomic.Int64
 }
 
 func (s *acquireHook) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
@@ -198,6 +201,9 @@ func (s *acquireHook) Acquire(ctx context.Context, name string, c leader.Candida
 	l, ok, err := s.Store.Acquire(ctx, name, c, ttl)
 	if err == nil {
 		s.once.Do(s.ready)
+		if !ok && s.enlisted != nil {
+			s.enlisted()
+		}
 	}
 	return l, ok, err
 }
