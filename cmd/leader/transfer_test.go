@@ -210,8 +210,11 @@ func TestRollingDeploy(t *testing.T) {
 					t.Fatalf("old%d exited %d after SIGTERM\n%s", i, code, old[i].stderr.String())
 				}
 			}
-			// The first new instance was enlisted a TTL before the last
-			// old one stopped: the handover is done.
+			// The last old instance to lead hands over as it stops (its
+			// process may exit before its successor's command starts);
+			// then a TTL passes, in which no further change may come.
+			leaderStart(t, log, 2, 10*time.Second)
+			time.Sleep(transferTTL)
 			starts := log.starts()
 			if len(starts) != 2 || !strings.HasPrefix(startID(starts[1]), "new") {
 				t.Fatalf("the leader changed %d times; want once, to a new instance\nlog:\n%s", len(starts)-1, log)
