@@ -480,7 +480,10 @@ func TestFenceRefusesAPausedLeader(t *testing.T) {
 			electortest.Run(t, alice)
 			old := term(aliceTerms, "alice")
 			if err := fencedWrite(t, pool, Options{}, name, old, "alice, leading"); err != nil {
-				t.Fatalf("fenced write of the leader's term %d: %v", old, err)
+				// Seen once in CI (not reproduced in 6 runs alone): say
+				// how the store and alice saw the lease then.
+				l, oerr := strategy.newStore(t, pool).Observe(callCtx(t), name)
+				t.Fatalf("fenced write of the leader's term %d: %v\nthe lease then: %+v (%v)\nalice's status: %+v", old, err, l, oerr, alice.Status())
 			}
 
 			pause()
