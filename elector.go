@@ -271,9 +271,12 @@ func (e *Elector) Run(ctx context.Context) error {
 		wake <-chan struct{}
 		err  error
 	)
-	if fw, ok := e.store.(FreeWatcher); ok {
-		wake, err = fw.WatchFree(watchCtx, e.cfg.Name)
-	} else {
+	switch w := e.store.(type) {
+	case HandoverWatcher:
+		wake, err = w.WatchFreeFor(watchCtx, e.cfg.Name, e.cand)
+	case FreeWatcher:
+		wake, err = w.WatchFree(watchCtx, e.cfg.Name)
+	default:
 		wake, err = e.store.Watch(watchCtx, e.cfg.Name)
 	}
 	if err != nil {

@@ -93,6 +93,25 @@ type Transferer interface {
 	ReleaseTo(ctx context.Context, name, token string, term uint64, successor Candidate, reason GrantReason, hold time.Duration) error
 }
 
+// HandoverWatcher is implemented by a FreeWatcher that can tell a
+// handover (Transferer.ReleaseTo) from a release: it wakes the successor
+// at once, and the other candidates only if the successor has not taken
+// the lease by the end of its reservation. A handover then costs one
+// attempt, the successor's, where a release costs one per follower, all
+// at the same instant, which on a busy machine delays the successor's.
+// The Elector's followers watch with WatchFreeFor where the store offers
+// it.
+type HandoverWatcher interface {
+	// WatchFreeFor is FreeWatcher.WatchFree for the candidate c: the
+	// channel receives a value soon after the lease for name is released,
+	// or handed over to c (by c.Token), or handed over to another
+	// candidate whose reservation has then run out without a grant. A
+	// handover to another candidate that takes the lease in time does
+	// not wake it. Values are coalesced and may be spurious. The channel
+	// is closed after ctx ends.
+	WatchFreeFor(ctx context.Context, name string, c Candidate) (<-chan struct{}, error)
+}
+
 // EnlistFactor is how many TTLs a candidate's entry among a name's
 // candidates lasts when a Transferer's Acquire enlists it (see
 // Transferer), and when the Elector enlists: an entry outlives two missed

@@ -44,7 +44,8 @@ import (
 // run the Renew subtests again with each renewal made by RenewBatch, and
 // one that implements leader.Transferer the transfer subtests: handovers
 // to a named successor and to a gone one, concurrent requests, and a
-// handover that races the lease's expiry.
+// handover that races the lease's expiry; and if it implements
+// leader.HandoverWatcher too, the subtests of whom a handover wakes.
 func TestStore(t *testing.T, newStore func(t *testing.T) leader.Store) {
 	t.Helper()
 	cases := conformanceCases
@@ -57,6 +58,9 @@ func TestStore(t *testing.T, newStore func(t *testing.T) leader.Store) {
 	}
 	if _, ok := first.(leader.Transferer); ok {
 		cases = append(slices.Clip(cases), transfererCases...)
+		if _, ok := first.(leader.HandoverWatcher); ok {
+			cases = append(slices.Clip(cases), handoverWatcherCases...)
+		}
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

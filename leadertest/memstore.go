@@ -16,7 +16,7 @@ import (
 type MemStore struct {
 	mu         sync.Mutex
 	leases     map[string]*memLease
-	watchers   map[string]map[chan struct{}]bool  // channel → releases only
+	watchers   map[string]map[chan struct{}]memWatcher
 	candidates map[string]map[string]memCandidate // name → token → entry
 }
 
@@ -39,6 +39,14 @@ type memLease struct {
 	reservedUntil time.Time
 }
 
+// memWatcher is what wakes a watch channel: every event, or (freeOnly)
+// releases alone; a free-watcher with a token (WatchFreeFor) is not woken
+// by a handover to another token until its reservation has run out.
+type memWatcher struct {
+	freeOnly bool
+	token    string
+}
+
 type memCandidate struct {
 	c     leader.Candidate
 	until time.Time
@@ -49,13 +57,15 @@ var (
 	_ leader.FreeWatcher  = (*MemStore)(nil)
 	_ leader.BatchRenewer = (*MemStore)(nil)
 	_ leader.Transferer   = (*MemStore)(nil)
+
+	_ leader.HandoverWatcher = (*MemStore)(nil)
 )
 
 // NewMemStore returns an empty MemStore.
 func NewMemStore() *MemStore {
 	return &MemStore{
 		leases:     make(map[string]*memLease),
-		watchers:   make(map[string]map[chan struct{}]bool),
+		watchers:   make(map[string]map[chan struct{}]memWatcher),
 		candidates: make(map[string]map[string]memCandidate),
 	}
 }
@@ -197,7 +207,7 @@ func (s *MemStore) ReleaseTo(ctx context.Context, name, token string, term uint6
 		return fmt.Errorf("memstore: release %q term %d to %s: %w", name, term, successor.ID, leader.ErrLeaseLost)
 	}
 	*l = memLease{term: l.term, reason: l.reason, successor: successor, successorWhy: reason, reservedUntil: now.Add(hold)}
-	s.wakeLocked(name, false)
+	s.wakeHandoverLocked(name, successor.Token, hold)
 	return nil
 }
 
@@ -285,25 +295,32 @@ func (s *MemStore) Observe(ctx context.Context, name string) (leader.Lease, erro
 // Watch implements leader.Store: the channel receives a value when a
 // lease for name is granted or released.
 func (s *MemStore) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
-	return s.watch(ctx, name, false)
+	return s.watch(ctx, name, memWatcher{})
 }
 
 // WatchFree implements leader.FreeWatcher: the channel receives a value
 // when the lease for name is released, not when it is granted.
 func (s *MemStore) WatchFree(ctx context.Context, name string) (<-chan struct{}, error) {
-	return s.watch(ctx, name, true)
+	return s.watch(ctx, name, memWatcher{freeOnly: true})
 }
 
-func (s *MemStore) watch(ctx context.Context, name string, freeOnly bool) (<-chan struct{}, error) {
+// WatchFreeFor implements leader.HandoverWatcher: it is WatchFree, but a
+// lease handed over to another candidate than c wakes the channel only if
+// it is still free when the reservation has run out.
+func (s *MemStore) WatchFreeFor(ctx context.Context, name string, c leader.Candidate) (<-chan struct{}, error) {
+	return s.watch(ctx, name, memWatcher{freeOnly: true, token: c.Token})
+}
+
+func (s *MemStore) watch(ctx context.Context, name string, w memWatcher) (<-chan struct{}, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("memstore: watch %q: %w", name, err)
 	}
 	ch := make(chan struct{}, 1)
 	s.mu.Lock()
 	if s.watchers[name] == nil {
-		s.watchers[name] = make(map[chan struct{}]bool)
+		s.watchers[name] = make(map[chan struct{}]memWatcher)
 	}
-	s.watchers[name][ch] = freeOnly
+	s.watchers[name][ch] = w
 	s.mu.Unlock()
 	context.AfterFunc(ctx, func() {
 		s.mu.Lock()
@@ -317,13 +334,42 @@ func (s *MemStore) watch(ctx context.Context, name string, freeOnly bool) (<-cha
 // wakeLocked wakes the watchers of name; for a grant, only those that
 // watch grants too.
 func (s *MemStore) wakeLocked(name string, granted bool) {
-	for ch, freeOnly := range s.watchers[name] {
-		if granted && freeOnly {
+	for ch, w := range s.watchers[name] {
+		if granted && w.freeOnly {
 			continue
 		}
-		select {
-		case ch <- struct{}{}:
-		default:
+		wake(ch)
+	}
+}
+
+// wakeHandoverLocked wakes the watchers of name for a handover to token,
+// reserved for hold: at once, every watcher but those of WatchFreeFor for
+// another token; those once hold has passed, if the lease is still free.
+func (s *MemStore) wakeHandoverLocked(name, token string, hold time.Duration) {
+	later := false
+	for ch, w := range s.watchers[name] {
+		if w.token != "" && w.token != token {
+			later = true
+			continue
 		}
+		wake(ch)
+	}
+	if !later {
+		return
+	}
+	time.AfterFunc(hold, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if l := s.leases[name]; l != nil && !l.held(time.Now()) {
+			s.wakeLocked(name, false)
+		}
+	})
+}
+
+// wake sends a value on ch unless one is pending already.
+func wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }

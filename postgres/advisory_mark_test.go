@@ -669,6 +669,24 @@ func (s *statementTimes) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.T
 	s.events = append(s.events, statementEvent{label: label, end: true, at: time.Now()})
 }
 
+// TraceBatchStart, TraceBatchQuery and TraceBatchEnd make statementTimes
+// a pgx.BatchTracer too: a statement of interest sent in a batch (the
+// lock waiter's wait on a mark, with the read of the row after it) is
+// recorded as ended when its result is read.
+func (s *statementTimes) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (s *statementTimes) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if label, ok := s.match[d.SQL]; ok {
+		s.events = append(s.events, statementEvent{label: label, end: true, at: time.Now()})
+	}
+}
+
+func (s *statementTimes) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 // after returns when the first event of label (a start, or an end if end)
 // after t happened, if one has.
 func (s *statementTimes) after(t time.Time, label string, end bool) (time.Time, bool) {

@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, unlock, observe, waiter, heldHere, request string
+	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, unlock, observe, waiter, reserved, heldHere, request string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -196,12 +196,12 @@ func newAdvisoryStatements(opts Options) advisoryStatements {
 	table, strategies := opts.qualifiedAdvisoryTable(), opts.qualifiedStrategyTable()
 	// {t} is the table, {s} the strategy table, {ep} the epoch CTEs (see
 	// epochCTEs), {enlist} the CTEs that enlist a refused candidate (see
-	// enlistCTEs), {grant} and {release} the NOTIFY payloads of a grant
-	// and a release of the row's name.
+	// enlistCTEs), {grant} and {freed} the NOTIFY payloads of a grant and
+	// of a release (or handover) of the row's name.
 	fill := strings.NewReplacer("{t}", table, "{s}", strategies, "{ep}", epochCTEs(opts.qualifiedEpochTable(), "$5::interval"),
 		"{enlist}", enlistCTEs(opts.qualifiedCandidateTable(), claimedFor(strategies, "$1", "'advisory'"), "$5::interval",
 			[4]string{"$1", "$3", "$4", "$11"}),
-		"{grant}", grantPayload, "{release}", releasePayload).Replace
+		"{grant}", grantPayload, "{freed}", freedPayload).Replace
 	grant := func(lock, cur, locked string) string {
 		return fill(strings.NewReplacer("{lock}", lock, "{cur}", cur, "{locked}", locked).Replace(grantTemplate))
 	}
@@ -370,7 +370,7 @@ SELECT count(*) FROM released`),
 		// that went out with the release would wake every listener beside
 		// them. Lock waiters cover it (see coverage), so it wakes only the
 		// followers of a process without one.
-		releaseNotice: fill(`SELECT pg_notify($3, {release}) FROM {t} AS a
+		releaseNotice: fill(`SELECT pg_notify($3, {freed}) FROM {t} AS a
 	WHERE a.name = $1 AND a.term = $2 AND a.holder_token IS NULL`),
 
 		// Unlock, the second statement of a release: $1 key. Unlocks, then
@@ -392,6 +392,14 @@ SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM disarmed)`,
 
 		// Observe: $1 name, $2 and $3 the key's halves.
 		observe: observeRow(table, "$1", "$2", "$3"),
+
+		// Reserved, what a lock waiter reads as a holder lets go of its
+		// mark: $1 name. The token that the name's released lease is
+		// reserved for, and how long it stays reserved, in microseconds
+		// on the server's clock; no row if it is not reserved.
+		reserved: fill(`SELECT a.successor_token, (extract(epoch FROM a.reserved_until - clock_timestamp()) * 1000000)::bigint
+FROM {t} AS a
+WHERE a.name = $1 AND a.holder_token IS NULL AND a.reserved_until > clock_timestamp()`),
 
 		// Waiter, a lock waiter's look: $1 and $2 the key's halves, $3
 		// the name. The PID of the lock's holder (NULL if it is free),

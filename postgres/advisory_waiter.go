@@ -2,11 +2,14 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/leaderelect/leader"
 )
 
 // lockWaiter is the lock waiter of one watched name.
@@ -30,7 +33,7 @@ func (w *lockWaiter) firstLookDone() { w.lookOnce.Do(func() { close(w.looked) })
 // Values are coalesced and may be spurious. The channel is closed after
 // ctx ends.
 func (s *AdvisoryStore) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
-	return s.watch(ctx, name, false)
+	return s.watch(ctx, name, watcher{kind: watchAll})
 }
 
 // WatchFree implements leader.FreeWatcher: it is Watch without the
@@ -38,13 +41,22 @@ func (s *AdvisoryStore) Watch(ctx context.Context, name string) (<-chan struct{}
 // for name is released, and soon after its holder's session ends without
 // a release.
 func (s *AdvisoryStore) WatchFree(ctx context.Context, name string) (<-chan struct{}, error) {
-	return s.watch(ctx, name, true)
+	return s.watch(ctx, name, watcher{kind: watchFree})
+}
+
+// WatchFreeFor implements leader.HandoverWatcher: it is WatchFree, but a
+// handover of the lease to another candidate than c wakes the channel
+// only if nobody was granted the lease by the end of the reservation.
+// The lock waiter, woken as the holder lets go, reads the name's row
+// in the same round trip: a handover's reservation is there.
+func (s *AdvisoryStore) WatchFreeFor(ctx context.Context, name string, c leader.Candidate) (<-chan struct{}, error) {
+	return s.watch(ctx, name, watcher{kind: watchFree, token: c.Token})
 }
 
 // watch registers a watcher of name (see wakeups.watch) and keeps a lock
 // waiter for name while anyone watches it.
-func (s *AdvisoryStore) watch(ctx context.Context, name string, freeOnly bool) (<-chan struct{}, error) {
-	ch, err := s.wakeups.watch(ctx, name, freeOnly)
+func (s *AdvisoryStore) watch(ctx context.Context, name string, wt watcher) (<-chan struct{}, error) {
+	ch, err := s.wakeups.watch(ctx, name, wt)
 	if err != nil {
 		return nil, err
 	}
@@ -246,7 +258,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			continue
 		}
 		s.wakeups.expect(name, uint32(*holder))
-		_, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", *holder)
+		h, err := s.awaitMark(ctx, conn, name, *holder)
 		// The wake below covers any release that came meanwhile.
 		s.wakeups.settle(name, err == nil)
 		if err != nil {
@@ -263,7 +275,11 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		s.freed[name] = freeing{pid: *holder, at: time.Now()}
 		s.smu.Unlock()
 		owed, gone, wokeFor = false, *holder, *holder
-		s.wake(name)
+		if h != nil {
+			s.handover(name, h.token, time.Until(h.until))
+		} else {
+			s.wake(name)
+		}
 		// Stay out of the way of the candidates just woken, whose
 		// statements the winner's waits behind on a busy server: look
 		// again at the next grant's notification, or after markLook. (A
@@ -277,6 +293,33 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			return err
 		}
 	}
+}
+
+// awaitMark waits until the backend of PID holder lets go of its mark,
+// and returns, read in the same round trip once it has, the reservation
+// of name's lease if it was handed over (nil if not): a holder's release
+// clears (and reserves) the row before it unlocks.
+func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name string, holder int32) (*handoff, error) {
+	var b pgx.Batch
+	b.Queue("SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", holder)
+	b.Queue(s.sql.reserved, name)
+	br := conn.SendBatch(ctx, &b)
+	_, err := br.Exec()
+	var (
+		token string
+		left  int64 // microseconds
+	)
+	if err == nil {
+		err = br.QueryRow().Scan(&token, &left)
+	}
+	read := time.Now()
+	if err := errors.Join(err, br.Close()); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, err
+	}
+	if token == "" || left <= 0 {
+		return nil, nil
+	}
+	return &handoff{token: token, until: read.Add(time.Duration(left) * time.Microsecond)}, nil
 }
 
 // awaitEvent waits for a value on sub, or for d, or until ctx ends,

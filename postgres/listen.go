@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/leaderelect/leader"
 )
 
 // Timing of the wake-up listener.
@@ -38,7 +41,11 @@ type wakeups struct {
 	log     *slog.Logger
 
 	mu       sync.Mutex
-	watchers map[string]map[chan struct{}]watchKind
+	watchers map[string]map[chan struct{}]watcher
+	// deferred holds, by name, the wake-up of the free-watchers that a
+	// handover to another candidate did not wake (see handover), due
+	// when its reservation runs out.
+	deferred map[string]*time.Timer
 	// covered holds, for the advisory store's lock waiters, whose
 	// release notifications not to wake the free-watchers with (see
 	// coverage).
@@ -60,7 +67,8 @@ func newWakeups(d dialer, opts Options, what string) wakeups {
 		channel:   opts.Channel,
 		what:      what,
 		log:       opts.Logger.With(slog.String("channel", opts.Channel)),
-		watchers:  make(map[string]map[chan struct{}]watchKind),
+		watchers:  make(map[string]map[chan struct{}]watcher),
+		deferred:  make(map[string]*time.Timer),
 		covered:   make(map[string]*coverage),
 		pingEvery: listenPingEvery,
 	}
@@ -81,19 +89,26 @@ func newWakeups(d dialer, opts Options, what string) wakeups {
 // good: followers then wake at the expiry Acquire reported. After Close the
 // channels stay silent too, and Watch returns an error wrapping ErrClosed.
 func (w *wakeups) Watch(ctx context.Context, name string) (<-chan struct{}, error) {
-	return w.watch(ctx, name, false)
+	return w.watch(ctx, name, watcher{kind: watchAll})
 }
 
 // WatchFree implements leader.FreeWatcher: it is Watch without the wake-ups
 // for grants.
 func (w *wakeups) WatchFree(ctx context.Context, name string) (<-chan struct{}, error) {
-	return w.watch(ctx, name, true)
+	return w.watch(ctx, name, watcher{kind: watchFree})
 }
 
-// watch registers a watcher of name, of its releases only if freeOnly.
-func (w *wakeups) watch(ctx context.Context, name string, freeOnly bool) (<-chan struct{}, error) {
+// WatchFreeFor implements leader.HandoverWatcher: it is WatchFree, but a
+// handover of the lease to another candidate than c wakes the channel
+// only if nobody was granted the lease by the end of the reservation.
+func (w *wakeups) WatchFreeFor(ctx context.Context, name string, c leader.Candidate) (<-chan struct{}, error) {
+	return w.watch(ctx, name, watcher{kind: watchFree, token: c.Token})
+}
+
+// watch registers a watcher of name, of the events that wt says.
+func (w *wakeups) watch(ctx context.Context, name string, wt watcher) (<-chan struct{}, error) {
 	op := "watch"
-	if freeOnly {
+	if wt.kind == watchFree {
 		op = "watch free"
 	}
 	if err := ctx.Err(); err != nil {
@@ -105,11 +120,7 @@ func (w *wakeups) watch(ctx context.Context, name string, freeOnly bool) (<-chan
 		w.mu.Unlock()
 		return nil, fmt.Errorf("postgres: %s: %w", call(op, name), ErrClosed)
 	}
-	kind := watchAll
-	if freeOnly {
-		kind = watchFree
-	}
-	w.addLocked(name, ch, kind)
+	w.addLocked(name, ch, wt)
 	if w.stop == nil {
 		// The watcher is registered before the listener starts, so the
 		// wake-up it sends once listening reaches this watcher, covering
@@ -141,14 +152,23 @@ const (
 	watchGrants
 )
 
-// addLocked registers ch as a watcher of name, of the kind given.
-func (w *wakeups) addLocked(name string, ch chan struct{}, kind watchKind) {
+// watcher is a watch channel's kind, and, for a free-watcher of a
+// candidate (leader.HandoverWatcher), the candidate's token: a handover
+// to another token wakes it only once the reservation has run out
+// untaken.
+type watcher struct {
+	kind  watchKind
+	token string
+}
+
+// addLocked registers ch as a watcher of name, as wt says.
+func (w *wakeups) addLocked(name string, ch chan struct{}, wt watcher) {
 	set := w.watchers[name]
 	if set == nil {
-		set = make(map[chan struct{}]watchKind)
+		set = make(map[chan struct{}]watcher)
 		w.watchers[name] = set
 	}
-	set[ch] = kind
+	set[ch] = wt
 }
 
 // subscribe registers a channel of the store's own as a watcher of name,
@@ -157,7 +177,7 @@ func (w *wakeups) addLocked(name string, ch chan struct{}, kind watchKind) {
 func (w *wakeups) subscribe(name string, kind watchKind) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	w.mu.Lock()
-	w.addLocked(name, ch, kind)
+	w.addLocked(name, ch, watcher{kind: kind})
 	w.mu.Unlock()
 	return ch, func() {
 		w.mu.Lock()
@@ -183,6 +203,10 @@ func (w *wakeups) Close() {
 	w.mu.Lock()
 	w.closed = true
 	stop, stopped := w.stop, w.stopped
+	for name, t := range w.deferred {
+		t.Stop()
+		delete(w.deferred, name)
+	}
 	w.mu.Unlock()
 	if stop != nil {
 		stop()
@@ -193,20 +217,15 @@ func (w *wakeups) Close() {
 // notified wakes the watchers of the notification payload (see
 // parsePayload), sent by the backend of PID pid.
 func (w *wakeups) notified(payload string, pid uint32) {
-	name, granted := parsePayload(payload)
-	if name == "" {
-		w.mu.Lock()
-		defer w.mu.Unlock()
+	n := parsePayload(payload)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n.name == "" {
 		w.wakeAllLocked()
 		return
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	ev := eventRelease
-	if granted {
-		ev = eventGrant
-	}
-	if c := w.covered[name]; c != nil && pid != 0 {
+	if c := w.covered[n.name]; c != nil && pid != 0 {
+		granted := n.ev == eventGrant
 		switch {
 		case granted && pid == c.gone:
 			// The holder that went holds again: its next release is
@@ -216,14 +235,14 @@ func (w *wakeups) notified(payload string, pid uint32) {
 			// The lock waiter waits on this holder's mark, and will
 			// wake the free-watchers when the holder lets go of it:
 			// waking them now would cost each follower a second attempt.
-			ev = eventCovered
+			n.ev = eventCovered
 		case !granted && pid == c.gone:
 			// The release of the holder that the lock waiter saw go,
 			// and has woken the free-watchers for.
-			ev = eventCovered
+			n.ev = eventCovered
 		}
 	}
-	w.wakeNameLocked(name, ev)
+	w.wakeNameLocked(n)
 }
 
 // wake wakes the watchers of name's releases, and of all its events: its
@@ -232,7 +251,17 @@ func (w *wakeups) notified(payload string, pid uint32) {
 func (w *wakeups) wake(name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.wakeNameLocked(name, eventRelease)
+	w.wakeNameLocked(notice{name: name, ev: eventRelease})
+}
+
+// handover is wake for a lease released to the candidate whose token is
+// token, reserved for it for hold: it wakes the free-watchers of other
+// candidates (leader.HandoverWatcher) only once hold has passed, unless a
+// grant of the name comes first.
+func (w *wakeups) handover(name, token string, hold time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.wakeNameLocked(notice{name: name, ev: eventHandover, token: token, hold: hold})
 }
 
 // coverage is, for a name of the advisory store, what its lock waiter
@@ -286,57 +315,142 @@ type event uint8
 const (
 	eventRelease event = iota // or the lease may have become free
 	eventGrant
+	// eventHandover is a release reserved for a successor (see
+	// handover).
+	eventHandover
 	// eventCovered is a release that name's lock waiter covers (see
 	// coverage): it wakes only the watchers of every event.
 	eventCovered
 )
 
-// wakeNameLocked wakes the watchers of name that ev concerns.
-func (w *wakeups) wakeNameLocked(name string, ev event) {
-	for ch, kind := range w.watchers[name] {
+// notice is an event of a name, and for a handover, the successor's
+// token and how long the lease is reserved for it.
+type notice struct {
+	name  string
+	ev    event
+	token string
+	hold  time.Duration
+}
+
+// wakeNameLocked wakes the watchers of n.name that n concerns. A handover
+// leaves the free-watchers of other candidates than its successor to a
+// wake-up due when its reservation runs out (see deferLocked); a grant
+// or a release calls that off.
+func (w *wakeups) wakeNameLocked(n notice) {
+	later := false
+	for ch, wt := range w.watchers[n.name] {
 		switch {
-		case kind == watchAll:
-		case kind == watchFree && ev == eventRelease:
-		case kind == watchGrants && ev == eventGrant:
+		case wt.kind == watchAll:
+		case wt.kind == watchFree && n.ev == eventRelease:
+		case wt.kind == watchFree && n.ev == eventHandover:
+			if wt.token != "" && wt.token != n.token {
+				later = true
+				continue
+			}
+		case wt.kind == watchGrants && n.ev == eventGrant:
 		default:
 			continue
 		}
-		select {
-		case ch <- struct{}{}:
-		default: // a value is pending already; coalesce
+		notify(ch)
+	}
+	switch {
+	case later:
+		w.deferLocked(n.name, n.hold)
+	case n.ev == eventGrant || n.ev == eventRelease:
+		if t := w.deferred[n.name]; t != nil {
+			t.Stop()
+			delete(w.deferred, n.name)
 		}
+	}
+}
+
+// deferLocked wakes the free-watchers of name once d has passed (a
+// little more, for the rounding of the reservation and the rate of the
+// clocks), unless a grant or a release of name comes first.
+func (w *wakeups) deferLocked(name string, d time.Duration) {
+	if t := w.deferred[name]; t != nil {
+		t.Stop()
+	}
+	var t *time.Timer
+	t = time.AfterFunc(d+deferSlack, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.closed || w.deferred[name] != t {
+			return
+		}
+		delete(w.deferred, name)
+		w.wakeNameLocked(notice{name: name, ev: eventRelease})
+	})
+	w.deferred[name] = t
+}
+
+// deferSlack is how long after a reservation ran out, as a handover's
+// notice said, the free-watchers that it did not wake are woken.
+const deferSlack = 5 * time.Millisecond
+
+// notify sends a value on ch unless one is pending already.
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default: // a value is pending already; coalesce
 	}
 }
 
 // The stores' NOTIFY payloads: a release of name is sent as name itself
 // (releaseEvent), or as "~r" followed by name if name begins with '~'; a
-// grant as "~g" followed by name (grantEvent). A name too long for a
-// payload is sent as the empty payload, which wakes every watcher.
+// grant as "~g" followed by name (grantEvent); a handover as "~h", the
+// reservation's length in microseconds, ",", the length in bytes of the
+// successor's token, ":", the token, and name. A payload too long is
+// sent as the release's, and a name too long for that as the empty
+// payload, which wakes every watcher.
 const (
-	payloadGrant   = "~g"
-	payloadRelease = "~r"
+	payloadGrant    = "~g"
+	payloadRelease  = "~r"
+	payloadHandover = "~h"
 )
 
-// parsePayload returns the election name of a NOTIFY payload, and whether
-// the event was a grant; name is empty for the empty payload.
-func parsePayload(payload string) (name string, granted bool) {
+// parsePayload returns the notice of a NOTIFY payload; its name is empty
+// for the empty payload. A handover's payload that does not parse is
+// taken for a release of the name it would be.
+func parsePayload(payload string) notice {
 	switch {
 	case strings.HasPrefix(payload, payloadGrant):
-		return payload[len(payloadGrant):], true
+		return notice{name: payload[len(payloadGrant):], ev: eventGrant}
 	case strings.HasPrefix(payload, payloadRelease):
-		return payload[len(payloadRelease):], false
+		return notice{name: payload[len(payloadRelease):], ev: eventRelease}
+	case strings.HasPrefix(payload, payloadHandover):
+		if n, ok := parseHandover(payload[len(payloadHandover):]); ok {
+			return n
+		}
+		return notice{name: payload, ev: eventRelease}
 	default:
-		return payload, false
+		return notice{name: payload, ev: eventRelease}
 	}
+}
+
+// parseHandover parses the rest of a handover's payload, after its
+// marker.
+func parseHandover(p string) (notice, bool) {
+	us, rest, ok := strings.Cut(p, ",")
+	if !ok {
+		return notice{}, false
+	}
+	n, rest, ok := strings.Cut(rest, ":")
+	if !ok {
+		return notice{}, false
+	}
+	hold, err1 := strconv.ParseInt(us, 10, 64)
+	size, err2 := strconv.Atoi(n)
+	if err1 != nil || err2 != nil || hold < 0 || size <= 0 || size >= len(rest) {
+		return notice{}, false
+	}
+	return notice{name: rest[size:], ev: eventHandover, token: rest[:size], hold: time.Duration(hold) * time.Microsecond}, true
 }
 
 func (w *wakeups) wakeAllLocked() {
 	for _, set := range w.watchers {
 		for ch := range set {
-			select {
-			case ch <- struct{}{}:
-			default:
-			}
+			notify(ch)
 		}
 	}
 }

@@ -255,20 +255,28 @@ func TestListenerChecksAQuietConnection(t *testing.T) {
 
 func TestParsePayload(t *testing.T) {
 	for _, c := range []struct {
-		payload, name string
-		granted       bool
+		payload string
+		want    notice
 	}{
-		{"jobs", "jobs", false},
-		{"~gjobs", "jobs", true},
-		{"~rjobs", "jobs", false},
-		{"~r~jobs", "~jobs", false},
-		{"~g~jobs", "~jobs", true},
-		{"~", "~", false},
-		{"", "", false},
+		{"jobs", notice{name: "jobs", ev: eventRelease}},
+		{"~gjobs", notice{name: "jobs", ev: eventGrant}},
+		{"~rjobs", notice{name: "jobs", ev: eventRelease}},
+		{"~r~jobs", notice{name: "~jobs", ev: eventRelease}},
+		{"~g~jobs", notice{name: "~jobs", ev: eventGrant}},
+		{"~h1500000,3:tokjobs", notice{name: "jobs", ev: eventHandover, token: "tok", hold: 1500 * time.Millisecond}},
+		{"~h0,2:t:~jobs", notice{name: "~jobs", ev: eventHandover, token: "t:"}},
+		// Handovers that do not parse are taken for releases.
+		{"~h15,3:tok", notice{name: "~h15,3:tok", ev: eventRelease}}, // no name
+		{"~h15,9:tok", notice{name: "~h15,9:tok", ev: eventRelease}},
+		{"~h15,0:jobs", notice{name: "~h15,0:jobs", ev: eventRelease}},
+		{"~hx,3:tokjobs", notice{name: "~hx,3:tokjobs", ev: eventRelease}},
+		{"~h-1,3:tokjobs", notice{name: "~h-1,3:tokjobs", ev: eventRelease}},
+		{"~h15", notice{name: "~h15", ev: eventRelease}},
+		{"~", notice{name: "~", ev: eventRelease}},
+		{"", notice{}},
 	} {
-		name, granted := parsePayload(c.payload)
-		if name != c.name || granted != c.granted {
-			t.Errorf("parsePayload(%q) = %q, %v; want %q, %v", c.payload, name, granted, c.name, c.granted)
+		if got := parsePayload(c.payload); got != c.want {
+			t.Errorf("parsePayload(%q) = %+v; want %+v", c.payload, got, c.want)
 		}
 	}
 }
@@ -407,11 +415,11 @@ func (p *passedOn) wait(t *testing.T) {
 // late release never cuts short its wait for the next grant.
 func TestReleaseNotificationsCoveredByTheLockWaiter(t *testing.T) {
 	t.Parallel()
-	w := wakeups{watchers: map[string]map[chan struct{}]watchKind{}, covered: map[string]*coverage{}}
+	w := wakeups{watchers: map[string]map[chan struct{}]watcher{}, covered: map[string]*coverage{}, deferred: map[string]*time.Timer{}}
 	free, all, grants := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
-	w.addLocked("n", free, watchFree)
-	w.addLocked("n", all, watchAll)
-	w.addLocked("n", grants, watchGrants)
+	w.addLocked("n", free, watcher{kind: watchFree})
+	w.addLocked("n", all, watcher{kind: watchAll})
+	w.addLocked("n", grants, watcher{kind: watchGrants})
 	check := func(what string, payload string, pid uint32, wantFree, wantGrants bool) {
 		t.Helper()
 		drain(free)
@@ -435,4 +443,51 @@ func TestReleaseNotificationsCoveredByTheLockWaiter(t *testing.T) {
 	check("its next release", "n", holder, true, false)
 	check("a grant to another backend", payloadGrant+"n", other, false, true)
 	check("a name too long for a payload", "", other, true, true)
+}
+
+// TestHandoverNoticeWakesTheSuccessor checks whom a handover's
+// notification wakes: the successor's free-watcher, the free-watchers of
+// no candidate, and the plain watchers at once; the free-watchers of other
+// candidates once the reservation has run out, unless a grant came first.
+func TestHandoverNoticeWakesTheSuccessor(t *testing.T) {
+	t.Parallel()
+	w := wakeups{watchers: map[string]map[chan struct{}]watcher{}, covered: map[string]*coverage{}, deferred: map[string]*time.Timer{}}
+	t.Cleanup(w.Close)
+	bob, carol, free, all := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
+	w.addLocked("n", bob, watcher{kind: watchFree, token: "bob"})
+	w.addLocked("n", carol, watcher{kind: watchFree, token: "carol"})
+	w.addLocked("n", free, watcher{kind: watchFree})
+	w.addLocked("n", all, watcher{kind: watchAll})
+	const hold = 200 * time.Millisecond
+	payload := fmt.Sprintf("%s%d,3:bobn", payloadHandover, hold/time.Microsecond)
+
+	for _, taken := range []bool{true, false} {
+		drain(bob)
+		drain(carol)
+		drain(free)
+		drain(all)
+		start := time.Now()
+		w.notified(payload, 0)
+		if len(bob) != 1 || len(free) != 1 || len(all) != 1 || len(carol) != 0 {
+			t.Fatalf("a handover to bob woke bob %v, a free-watcher of no candidate %v, a plain watcher %v, carol %v; want true, true, true, false",
+				len(bob) == 1, len(free) == 1, len(all) == 1, len(carol) == 1)
+		}
+		if taken {
+			w.notified(payloadGrant+"n", 0)
+			select {
+			case <-carol:
+				t.Fatal("carol was woken for a handover to bob, which a grant followed")
+			case <-time.After(3 * hold):
+			}
+			continue
+		}
+		select {
+		case <-carol:
+			if d := time.Since(start); d < hold {
+				t.Fatalf("carol was woken %v after a handover to bob reserved for %v", d, hold)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("carol was not woken once bob's reservation ran out untaken")
+		}
+	}
 }

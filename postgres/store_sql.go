@@ -36,6 +36,17 @@ var (
 		maxPayloadLength-len(payloadGrant), payloadGrant)
 )
 
+// freedPayload is the SQL expression for the NOTIFY payload of a release
+// of row name that may have been handed over: a handover's (see
+// parsePayload) while the row's reservation runs, and the release's
+// otherwise. The columns name, successor_token and reserved_until must be
+// in scope.
+var freedPayload = fmt.Sprintf(`CASE WHEN successor_token IS NOT NULL AND reserved_until > clock_timestamp()
+		AND octet_length(name) + octet_length(successor_token) <= %d
+	THEN '%s' || (extract(epoch FROM reserved_until - clock_timestamp()) * 1000000)::bigint
+		|| ',' || octet_length(successor_token) || ':' || successor_token || name
+	ELSE %s END`, maxPayloadLength-32, payloadHandover, releasePayload)
+
 func newStatements(opts Options) statements {
 	table, hb, st := opts.qualifiedTable(), opts.qualifiedHeartbeatTable(), opts.qualifiedStrategyTable()
 	return statements{
@@ -185,11 +196,11 @@ WITH released AS (
 	FROM clock_timestamp() AS c(now)
 	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
 		AND %[3]s > clock_timestamp()
-	RETURNING l.name
+	RETURNING l.name, l.successor_token, l.reserved_until
 ), notified AS (
 	SELECT pg_notify($4, %[2]s) FROM released
 )
-SELECT count(*) FROM notified`, table, releasePayload, expiry(hb), clearedTransfer),
+SELECT count(*) FROM notified`, table, freedPayload, expiry(hb), clearedTransfer),
 
 		// Observe: $1 name.
 		observe: fmt.Sprintf(`
