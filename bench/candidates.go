@@ -225,6 +225,16 @@ func (s *acquireHook) WatchFree(ctx context.Context, name string) (<-chan struct
 	return s.Store.Watch(ctx, name)
 }
 
+// WatchFreeFor passes on the store's leader.HandoverWatcher, or its
+// WatchFree (the same, less the wake-ups that a handover saves), so that
+// the Elector watches as it would on the store itself.
+func (s *acquireHook) WatchFreeFor(ctx context.Context, name string, c leader.Candidate) (<-chan struct{}, error) {
+	if hw, ok := s.Store.(leader.HandoverWatcher); ok {
+		return hw.WatchFreeFor(ctx, name, c)
+	}
+	return s.WatchFree(ctx, name)
+}
+
 // transferHook passes on the store's leader.Transferer, calling enlisted
 // (if not nil) after each Enlist that succeeds, and tracing ReleaseTo.
 type transferHook struct {

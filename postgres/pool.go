@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -26,11 +27,31 @@ func newOwnPool(pool *pgxpool.Pool, opts Options, hosts *hostOrder) (*pgxpool.Po
 	cfg.MinConns = 0
 	cfg.MinIdleConns = 0
 	cfg.BeforeConnect = hosts.beforeConnect(cfg.BeforeConnect)
+	if cfg.ShouldPing == nil {
+		cfg.ShouldPing = pingIdleOver(ownPingIdle)
+	}
 	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: the store's own connections: %w", err)
 	}
 	return own, nil
+}
+
+// ownPingIdle is how long one of a store's own connections must have
+// been idle for the pool to ping it before handing it out, unless the
+// caller's pool sets Config.ShouldPing. pgxpool's default is a second,
+// which would add a round trip to nearly every store call: a follower's
+// attempt once per TTL, and a successor's grant, which a handover waits
+// for. A connection that the server closed meanwhile fails its call
+// instead, at once, and the Elector tries again on another; a ping would
+// not have noticed a connection that went silent any sooner than the
+// call does (see Options.CallTimeout).
+const ownPingIdle = time.Minute
+
+// pingIdleOver returns a pgxpool ShouldPing that pings the connections
+// idle for longer than d.
+func pingIdleOver(d time.Duration) func(context.Context, pgxpool.ShouldPingParams) bool {
+	return func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > d }
 }
 
 // bound returns ctx, bounded by opts.CallTimeout if it has no deadline of

@@ -160,3 +160,42 @@ func silentServer(t *testing.T) string {
 	})
 	return l.Addr().String()
 }
+
+// TestOwnPoolPingsOnlyLongIdleConnections checks the rule by which a
+// store's own pool pings a connection before handing it out: only after a
+// minute idle (a follower's attempt, once per TTL, and a successor's
+// grant then cost one round trip, not two), unless the caller's pool has a
+// rule of its own, which it keeps.
+func TestOwnPoolPingsOnlyLongIdleConnections(t *testing.T) {
+	t.Parallel()
+	connString := pgtest.NewDatabase(t)
+	for _, c := range []struct {
+		what   string
+		rule   func(context.Context, pgxpool.ShouldPingParams) bool
+		idle   time.Duration
+		pinged bool
+	}{
+		{"idle for a TTL", nil, 15 * time.Second, false},
+		{"idle for over a minute", nil, 61 * time.Second, true},
+		{"the caller's rule, which pings always", func(context.Context, pgxpool.ShouldPingParams) bool { return true }, time.Second, true},
+	} {
+		cfg, err := pgxpool.ParseConfig(connString)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ShouldPing = c.rule
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		own, err := newOwnPool(pool, Options{MaxConns: 2}, &hostOrder{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(own.Close)
+		if got := own.Config().ShouldPing(context.Background(), pgxpool.ShouldPingParams{IdleDuration: c.idle}); got != c.pinged {
+			t.Errorf("%s: the store's own pool pings a connection idle for %v: %v; want %v", c.what, c.idle, got, c.pinged)
+		}
+	}
+}

@@ -249,12 +249,13 @@
 // own row and terms (a lease no longer held is reported lost, the others
 // renewed).
 //
-// A follower sends one statement per TTL, but pgxpool pings a connection
-// that was idle for a second or more before handing it out, so with the
-// default pool each attempt is two round trips. Where that matters (many
-// followers), set the pool's Config.ShouldPing to ping less often, for
-// example only connections idle for longer than the TTL; a connection that
-// died meanwhile then fails one call, which the Elector retries.
+// A follower sends one statement per TTL, on the store's own connections
+// (see Options.MaxConns), which the store's pool pings before handing them
+// out only when they were idle for over a minute, not after a second as
+// pgxpool does by default: an attempt is one round trip, and so is a
+// successor's grant after a handover. A connection that the server closed
+// meanwhile fails one call, which the Elector retries. A pool given to
+// the store whose Config.ShouldPing is set keeps its own rule.
 //
 // # Heartbeats
 //
