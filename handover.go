@@ -104,15 +104,6 @@ func (e *Elector) Transfer(ctx context.Context, to string) (Lease, error) {
 	if out.err != nil {
 		return Lease{}, out.err
 	}
-	// The release's own wake-up has most likely come by now (a store
-	// sends it as the release commits, before it replies): drop it, so
-	// that the wait looks at the lease when the successor's grant wakes
-	// it, and not beside that grant, on the server it runs on. Should the
-	// value dropped be the grant's, the wait's poll finds the grant.
-	select {
-	case <-wake:
-	default:
-	}
 	return awaitSuccessor(ctx, e.store, wake, e.cfg.Name, out.term, out.successor.ID, false)
 }
 

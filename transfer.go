@@ -207,7 +207,9 @@ func RequestTransfer(ctx context.Context, store Store, name, to string) (Lease, 
 // lapses or is cleared while term still holds fails the wait. It waits on
 // wake, and polls as well: without wake (nil) every few milliseconds at
 // first, then less often; with it, from 25 ms on, so that its own
-// statements do not compete with the successor's grant.
+// statements do not compete with the successor's grant. For the same
+// reason it looks awakeSettle after a wake-up, not at once: the release
+// wakes it too, as the successor's grant is about to run.
 func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name string, term uint64, to string, requested bool) (Lease, error) {
 	poll, first := time.Millisecond, time.Duration(0)
 	if wake != nil {
@@ -215,6 +217,7 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 	}
 	timer := time.NewTimer(first)
 	defer timer.Stop()
+	due := time.Now().Add(first) // when the timer fires
 	sawReserved := false
 	for {
 		select {
@@ -224,6 +227,11 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 			if !open {
 				wake = nil
 			}
+			if soon := time.Now().Add(awakeSettle); soon.Before(due) {
+				timer.Reset(awakeSettle)
+				due = soon
+			}
+			continue
 		case <-timer.C:
 		}
 		l, err := store.Observe(ctx, name)
@@ -253,9 +261,14 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 			return l, fmt.Errorf("leader: transfer %q: %s, leading with term %d, did not hand over before the request lapsed (it found no candidate to hand over to, or its version predates transfers)", name, l.HolderID, term)
 		}
 		timer.Reset(poll)
+		due = time.Now().Add(poll)
 		poll = min(poll*2, 100*time.Millisecond)
 	}
 }
+
+// awakeSettle is how long after a wake-up awaitSuccessor looks at the
+// lease: about what a successor's grant takes, woken by the same release.
+const awakeSettle = 5 * time.Millisecond
 
 // chooseSuccessor picks the candidate to hand over to among cands, leaving
 // out the holder's token (or, when holderToken is "", every candidate with
