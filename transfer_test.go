@@ -398,3 +398,74 @@ func TestTransferConfig(t *testing.T) {
 		t.Errorf("default MinTenure = %v (%v); want the TTL, 1s", e.Config().MinTenure, err)
 	}
 }
+
+// acquireCounter counts the Acquire calls made of a MemStore, keeping the
+// store's optional interfaces (HandoverWatcher among them).
+type acquireCounter struct {
+	*leadertest.MemStore
+	acquires atomic.Int64
+}
+
+func (c *acquireCounter) Acquire(ctx context.Context, name string, cand leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
+	c.acquires.Add(1)
+	return c.MemStore.Acquire(ctx, name, cand, ttl)
+}
+
+// TestTransferWakesOnlyTheSuccessor checks that on a store that is a
+// HandoverWatcher, a transfer costs the followers other than the successor
+// no attempt: they watch with WatchFreeFor, which the handover does not
+// wake.
+func TestTransferWakesOnlyTheSuccessor(t *testing.T) {
+	t.Parallel()
+	store := leadertest.NewMemStore()
+	h := newHistory()
+	ids := []string{"a", "b", "c", "d"}
+	es := map[string]*leader.Elector{}
+	counts := map[string]*acquireCounter{}
+	for _, id := range ids {
+		counts[id] = &acquireCounter{MemStore: store}
+		// A long TTL: no follower's attempt falls due during the test
+		// but for a wake-up.
+		cfg := testConfig("wakes", id)
+		cfg.TTL = 30 * time.Second
+		cfg.OnElected, cfg.OnDemoted = h.Hooks(t, id)
+		e, err := leader.New(counts[id], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		es[id] = e
+		runElector(t, e)
+	}
+	var from string
+	eventually(t, 10*time.Second, "a leader, and every follower enlisted", func() bool {
+		from = ""
+		for id, e := range es {
+			if e.Status().IsLeader {
+				from = id
+			}
+		}
+		cands, err := store.Candidates(t.Context(), "wakes")
+		return from != "" && err == nil && len(cands) == len(ids)-1
+	})
+	to := map[string]string{"a": "b", "b": "c", "c": "d", "d": "a"}[from]
+	before := map[string]int64{}
+	for id, c := range counts {
+		before[id] = c.acquires.Load()
+	}
+	if _, err := es[from].Transfer(callCtx(t), to); err != nil {
+		t.Fatalf("Transfer from %s to %s: %v", from, to, err)
+	}
+	// A follower woken by the handover would try within moments.
+	time.Sleep(300 * time.Millisecond)
+	for _, id := range ids {
+		if id == from || id == to {
+			continue
+		}
+		if n := counts[id].acquires.Load() - before[id]; n != 0 {
+			t.Errorf("follower %s made %d attempts during a transfer from %s to %s; want none", id, n, from, to)
+		}
+	}
+	if n := counts[to].acquires.Load() - before[to]; n != 1 {
+		t.Errorf("the successor %s made %d attempts; want 1", to, n)
+	}
+}
