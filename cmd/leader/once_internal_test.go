@@ -112,7 +112,9 @@ func TestOnceStopsOnTimeWhileARenewalHangs(t *testing.T) {
 	child.mu.Lock()
 	late := child.stopped.Sub(j.stopAt(sent))
 	child.mu.Unlock()
-	if late < 0 || late > 100*time.Millisecond {
+	// Waiting for the renewal would stop it only once the test ends, 5 s
+	// or more later; a second absorbs a busy machine's scheduling.
+	if late < 0 || late > time.Second {
 		t.Errorf("the command was stopped %v after the stop point", late)
 	}
 }
