@@ -60,8 +60,12 @@ func runMigrate(a *app, ctx context.Context, args []string) int {
 	if err != nil {
 		return fail(err)
 	}
-	if spec.kind == fileStore {
+	switch spec.kind {
+	case fileStore:
 		fmt.Fprintf(a.stdout, "The embedded store (%s) has no schema: nothing to migrate.\n", spec.display)
+		return exitOK
+	case etcdStore:
+		fmt.Fprintf(a.stdout, "The etcd store (%s) has no schema: nothing to migrate.\n", spec.display)
 		return exitOK
 	}
 	store, err := openStoreFor(ctx, spec, log, true)

@@ -50,13 +50,14 @@ type storeKind int
 const (
 	fileStore storeKind = iota
 	postgresStore
+	etcdStore
 )
 
 // openedStore is a store named by URL, ready for use.
 type openedStore struct {
 	leader.Store
 	kind storeKind
-	// strategy is the PostgreSQL strategy ("" for the embedded store).
+	// strategy is the PostgreSQL strategy ("" for the other stores).
 	strategy string
 	// display is the URL as shown to people: passwords masked.
 	display string
@@ -67,11 +68,12 @@ type openedStore struct {
 	// embedded store, in a fixed per-user directory of the host for
 	// PostgreSQL.
 	fenceDir string
-	// migrate creates or updates the store's schema (PostgreSQL only).
+	// migrate creates or updates the store's schema (PostgreSQL only;
+	// the other stores have none).
 	migrate func(ctx context.Context) error
 	// strategyOf returns the PostgreSQL strategy that the store records
 	// for election name, "" for a name never elected (nil for the
-	// embedded store, which has no strategies).
+	// other stores, which have no strategies).
 	strategyOf func(ctx context.Context, name string) (string, error)
 	close      func()
 }
@@ -94,6 +96,7 @@ type storeSpec struct {
 	display  string
 	dir      string // fileStore
 	strategy string // postgresStore: strategyLease or strategyAdvisory; see withStrategy
+	etcd     *etcdSpec // etcdStore
 	// election, when set (status and watch), has a PostgreSQL store opened
 	// with the strategy the store records for this election, and with
 	// strategy only for an election never elected.
@@ -108,11 +111,17 @@ func parseStoreURL(raw string) (storeSpec, error) {
 	display := redact.URL(raw)
 	scheme, _, ok := strings.Cut(raw, "://")
 	if !ok {
-		return storeSpec{}, usagef("--store %s: want a URL: postgres://…, postgresql://… or file:///dir", display)
+		return storeSpec{}, usagef("--store %s: want a URL: postgres://…, postgresql://…, etcd://…, etcds://… or file:///dir", display)
 	}
 	switch strings.ToLower(scheme) {
 	case "postgres", "postgresql":
 		return storeSpec{kind: postgresStore, raw: raw, display: display}, nil
+	case "etcd", "etcds":
+		es, err := parseEtcdURL(raw, display)
+		if err != nil {
+			return storeSpec{}, err
+		}
+		return storeSpec{kind: etcdStore, raw: raw, display: display, etcd: &es}, nil
 	case "file":
 		u, err := url.Parse(raw)
 		if err != nil {
@@ -131,14 +140,17 @@ func parseStoreURL(raw string) (storeSpec, error) {
 		}
 		return storeSpec{kind: fileStore, dir: dir, raw: raw, display: display}, nil
 	default:
-		return storeSpec{}, usagef("--store %s: unknown scheme %q; want postgres://…, postgresql://… or file:///dir", display, scheme)
+		return storeSpec{}, usagef("--store %s: unknown scheme %q; want postgres://…, postgresql://…, etcd://…, etcds://… or file:///dir", display, scheme)
 	}
 }
 
 // scope says which instances elect one leader on this store, for the log.
 func (s storeSpec) scope() string {
-	if s.kind == fileStore {
+	switch s.kind {
+	case fileStore:
 		return "this host only (embedded store in " + s.dir + ")"
+	case etcdStore:
+		return "every host that reaches this etcd cluster"
 	}
 	return "every host that reaches this database"
 }
@@ -195,6 +207,8 @@ func openStoreFor(ctx context.Context, spec storeSpec, log *slog.Logger, forMigr
 		}, nil
 	case postgresStore:
 		return openPostgres(ctx, spec, log, forMigrate)
+	case etcdStore:
+		return openEtcd(ctx, spec, log)
 	}
 	return nil, errors.New("unknown store kind")
 }

@@ -28,6 +28,10 @@ Stores (--store URL, or $LEADER_STORE):
                                           direct connection: no PgBouncer in transaction mode).
                                           One strategy per election: the store refuses the
                                           other; status and watch find it themselves
+  etcd://user:password@host:2379,…       etcd (etcds://… over TLS, with ?cacert=, cert=,
+                                          key=); keys under ?prefix= (default leader/). A
+                                          dead leader is replaced when its etcd lease
+                                          (whole seconds) runs out
   file:///some/dir                        the embedded store: a file lock in a local
                                           directory, for processes on this host only;
                                           the usual one: ` + defaultStoreDirHelp + `
