@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"strings"
@@ -68,6 +69,17 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrateLockKey); err != nil {
 			return fmt.Errorf("taking the migration lock: %w", err)
 		}
+		// A schema that this script made already is left alone: its DDL,
+		// idempotent as it is, would take ACCESS EXCLUSIVE locks on the
+		// tables one after another, and a store's statement or a status
+		// read that takes them in another order would deadlock with it.
+		var done *string
+		if err := tx.QueryRow(ctx, "SELECT obj_description(to_regclass($1), 'pg_class')", opts.qualifiedTable()).Scan(&done); err != nil {
+			return fmt.Errorf("reading the schema's version: %w", err)
+		}
+		if done != nil && *done == migratedMark(script) {
+			return nil
+		}
 		// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the
 		// database even when the schema exists, so ask first.
 		var exists bool
@@ -82,12 +94,24 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 		if _, err := tx.Exec(ctx, script); err != nil {
 			return err
 		}
+		// The mark is letters, digits and spaces: a literal needs no escaping.
+		if _, err := tx.Exec(ctx, "COMMENT ON TABLE "+opts.qualifiedTable()+" IS '"+migratedMark(script)+"'"); err != nil {
+			return fmt.Errorf("recording the schema's version: %w", err)
+		}
 		return nil
 	})
 	if err != nil {
 		return wrapError(ctx, what, err)
 	}
 	return nil
+}
+
+// migratedMark is the comment that Migrate puts on the lease table once
+// it has run script: the script's SHA-256, so that a later Migrate with
+// the same script (table names included) knows there is nothing to do.
+func migratedMark(script string) string {
+	sum := sha256.Sum256([]byte(script))
+	return "leader schema " + hex.EncodeToString(sum[:16])
 }
 
 // migrationScript returns every migration, in order, with the table names

@@ -1,8 +1,10 @@
 package postgres
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -191,5 +193,46 @@ func TestMigrateAddsHeartbeatsToAnEarlierLeaseTable(t *testing.T) {
 	mustRenewBatch(t, b.store, []leader.Renewal{{Name: "before", Token: "token-a", Term: 4, TTL: time.Minute}})
 	if l, err := b.store.Observe(callCtx(t), "before"); err != nil || !l.Held() || l.HolderID != "alice" || l.Term != 4 {
 		t.Fatalf("Observe after the upgrade: %+v, %v; want alice holding term 4", l, err)
+	}
+}
+
+// TestMigrateLeavesAnUpToDateSchemaAlone checks that Migrate on a schema
+// that it made already takes no lock on the tables: its DDL would wait for
+// (and could deadlock with) the stores' statements and status reads. A
+// transaction holding the lease table in ACCESS SHARE mode, as every read
+// does, must not hold it up.
+func TestMigrateLeavesAnUpToDateSchemaAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // migrated once
+	tx, err := b.pool.Begin(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(callCtx(t))
+	if _, err := tx.Exec(callCtx(t), "LOCK TABLE "+b.store.opts.qualifiedTable()+" IN ACCESS SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := Migrate(ctx, b.pool, Options{}); err != nil {
+		t.Fatalf("Migrate of an up-to-date schema while a reader holds the lease table: %v", err)
+	}
+	// A schema whose mark is missing (made by an older version) is
+	// migrated again, and marked.
+	if err := tx.Rollback(callCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(callCtx(t), "COMMENT ON TABLE "+b.store.opts.qualifiedTable()+" IS NULL"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Migrate(callCtx(t), b.pool, Options{}); err != nil {
+		t.Fatalf("Migrate of an unmarked schema: %v", err)
+	}
+	var mark *string
+	if err := b.pool.QueryRow(callCtx(t), "SELECT obj_description(to_regclass($1), 'pg_class')", b.store.opts.qualifiedTable()).Scan(&mark); err != nil {
+		t.Fatal(err)
+	}
+	if mark == nil || !strings.HasPrefix(*mark, "leader schema ") {
+		t.Fatalf("the lease table's comment after Migrate = %v; want the schema's mark", mark)
 	}
 }
