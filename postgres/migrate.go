@@ -37,10 +37,14 @@ var migrateLockKey = func() int64 {
 // run every time a program starts, from many processes at once: it runs in
 // one transaction that first takes a transaction-scoped advisory lock, so
 // concurrent calls wait for each other instead of racing on the catalog.
-// It needs the privilege to create the schema (if missing) and tables in
-// it, even when they exist (PostgreSQL checks it before IF NOT EXISTS): a
-// program that runs as a role without it must leave Migrate to a deploy
-// step (see Privileges in the package documentation).
+// A schema it has migrated already is left alone: Migrate marks the lease
+// table (a comment naming the migrations' hash) and, finding the mark,
+// returns without any DDL, which would lock the tables one after another
+// and could deadlock with a store's statements or a status read. Otherwise
+// it needs the privilege to create the schema (if missing) and tables in
+// it, even when they exist (PostgreSQL checks it before IF NOT EXISTS), and
+// to own the tables: a program that runs as a role without it must leave
+// Migrate to a deploy step (see Privileges in the package documentation).
 //
 // It returns an *OptionsError if opts break a rule, and an error wrapping
 // leader.ErrReadOnly on a read-only server. Under a ctx without a deadline

@@ -169,8 +169,9 @@
 // logged in as a role of its own, needs USAGE on the schema and SELECT,
 // UPDATE on leader_leases, leader_heartbeats, leader_advisory and
 // leader_strategies.
-// Migrate run as such a role fails with SQLSTATE 42501 ("permission denied
-// for schema public") even when every table exists: PostgreSQL checks the
+// Migrate run as such a role does nothing on an up-to-date schema, but
+// fails with SQLSTATE 42501 ("permission denied for schema public") on one
+// that needs a change, even when every table exists: PostgreSQL checks the
 // CREATE privilege before IF NOT EXISTS. pg_stat_activity shows how long a
 // session has been idle only to its own role, its members and
 // pg_read_all_stats: run every candidate of an advisory election as one
