@@ -26,8 +26,8 @@ const transferTTL = 2 * time.Second
 const handoverGap = 2 * time.Second
 
 // transferStores are the stores the transfer tests run on: the embedded
-// store and both PostgreSQL strategies.
-var transferStores = []string{"file", "lease", "advisory"}
+// store, both PostgreSQL strategies, and etcd (one member process).
+var transferStores = []string{"file", "lease", "advisory", "etcd"}
 
 // storeFlags returns the flags naming a fresh store of kind for e: a
 // database of its own on PostgreSQL.
@@ -38,6 +38,9 @@ func storeFlags(t *testing.T, e *env, kind string) []string {
 		return []string{"--store", e.fileStore()}
 	case "lease", "advisory":
 		return []string{"--store", migrated(t, e), "--strategy", kind}
+	case "etcd":
+		store, _ := etcdStoreURL(t, 1)
+		return []string{"--store", store}
 	}
 	t.Fatalf("unknown store kind %q", kind)
 	return nil
