@@ -23,10 +23,12 @@ func TestMain(m *testing.M) {
 // cluster (or LEADER_TEST_DATABASE_URL) and an embedded etcd: each elector
 // kind elects, hands over gracefully, survives a killed (or black-holed)
 // leader, is counted at steady state, and reports its idle cost; ours
-// also transfer to named followers and go through two rolling deploys
+// (on etcd too) also transfer to named followers; ours on PostgreSQL
+// also go through two rolling deploys
 // (the leader replaced first, then in the middle), each of which must move
 // leadership exactly once; the lease strategy also holds 500 names in one
-// process and runs 5 processes × 10 names (short windows). It catches
+// process and runs 5 processes × 10 names, and the etcd store holds 500
+// names in one process (short windows). It catches
 // breakage of the harness and of the peers' adapters, not performance.
 func TestSmoke(t *testing.T) {
 	p := quickPlan()
@@ -107,6 +109,9 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("no %s result", sc)
 		}
 	}
+	if !seen[kindLeaderEtcd+" "+scScaleNames] {
+		t.Errorf("no %s result for %s", scScaleNames, kindLeaderEtcd)
+	}
 	for _, kind := range allKinds {
 		for _, sc := range []string{scLoad, scGraceful, scCrash, scIdle} {
 			if !seen[kind+" "+sc] {
@@ -120,6 +125,12 @@ func TestSmoke(t *testing.T) {
 				t.Errorf("no %s result for %s", sc, kind)
 			}
 		}
+	}
+	if !seen[kindLeaderEtcd+" "+scTransfer] {
+		t.Errorf("no %s result for %s", scTransfer, kindLeaderEtcd)
+	}
+	if !strings.Contains(stdout.String(), "| leader, etcd store |") {
+		t.Errorf("the markdown has no row for %s", kindLeaderEtcd)
 	}
 	if !seen[kindAdvisory+" "+scBlackHole] {
 		t.Errorf("no black-hole result for the advisory strategy")

@@ -18,6 +18,7 @@ import (
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/bench/internal/pglock"
 	"github.com/leaderelect/leader/bench/internal/skill"
+	etcdstore "github.com/leaderelect/leader/etcd"
 	"github.com/leaderelect/leader/postgres"
 )
 
@@ -32,6 +33,8 @@ func newBackend(ctx context.Context, spec childSpec, logger *slog.Logger) (*back
 		return clientGoBackend(spec)
 	case kindEtcd:
 		return etcdBackend(spec)
+	case kindLeaderEtcd:
+		return leaderEtcdBackend(spec, logger)
 	}
 	return nil, fmt.Errorf("unknown kind %q", spec.Kind)
 }
@@ -110,37 +113,90 @@ func oursBackend(ctx context.Context, spec childSpec, logger *slog.Logger) (*bac
 	}
 	acquires := new(atomic.Int64)
 	return &backend{
-		newCandidate: func(id string, h hooks) (candidate, error) {
-			var e *leader.Elector
-			e, err := leader.New(readyStore(store, h, acquires), leader.Config{
-				Name:           spec.Name,
-				ID:             id,
-				TTL:            spec.Timing.TTL.D(),
-				RenewInterval:  spec.Timing.Renew.D(),
-				Priority:       spec.Priority,
-				HandOverOnStop: spec.HandOverOnStop,
-				Logger:         logger.With(slog.String("id", id)),
-				OnElected: func(ctx context.Context) {
-					term, _ := leader.TermFrom(ctx)
-					h.elected(term, string(e.Status().Reason))
-				},
-				OnDemoted: h.demoted,
-			})
-			if err != nil {
-				return nil, err
-			}
-			return &electorCandidate{e: e, goCandidate: goCandidate{run: func(ctx context.Context) {
-				if err := e.Run(ctx); err != nil {
-					logger.Error("Run", slog.Any("error", err))
-				}
-			}}}, nil
-		},
-		counts:   counter.snapshot,
-		acquires: acquires.Load,
-		warmUp:   pingPool(pool),
-		close:    func() { close(); pool.Close() },
+		newCandidate: electorCandidates(store, spec, logger, acquires),
+		counts:       counter.snapshot,
+		acquires:     acquires.Load,
+		warmUp:       pingPool(pool),
+		close:        func() { close(); pool.Close() },
 	}, nil
 }
+
+// electorCandidates returns a backend's newCandidate for ours: an Elector
+// of spec's election on store (wrapped by readyStore, which counts its
+// Acquire calls in acquires).
+func electorCandidates(store leader.Store, spec childSpec, logger *slog.Logger, acquires *atomic.Int64) func(id string, h hooks) (candidate, error) {
+	return func(id string, h hooks) (candidate, error) {
+		var e *leader.Elector
+		e, err := leader.New(readyStore(store, h, acquires), leader.Config{
+			Name:           spec.Name,
+			ID:             id,
+			TTL:            spec.Timing.TTL.D(),
+			RenewInterval:  spec.Timing.Renew.D(),
+			Priority:       spec.Priority,
+			HandOverOnStop: spec.HandOverOnStop,
+			Logger:         logger.With(slog.String("id", id)),
+			OnElected: func(ctx context.Context) {
+				term, _ := leader.TermFrom(ctx)
+				h.elected(term, string(e.Status().Reason))
+			},
+			OnDemoted: h.demoted,
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &electorCandidate{e: e, goCandidate: goCandidate{run: func(ctx context.Context) {
+			if err := e.Run(ctx); err != nil {
+				logger.Error("Run", slog.Any("error", err))
+			}
+		}}}, nil
+	}
+}
+
+// --- ours: leader.Elector on the etcd store ---
+
+// leaderEtcdBackend is ours on etcd: one client (its gRPC requests counted
+// as the etcd kind counts them) and one etcd.Store per process, under a
+// key prefix of the setup's own (spec.EtcdPrefix), on the same embedded
+// server as etcd's election. The store keeps each name on an etcd lease
+// of ceil(TTL) seconds, at least the server's minimum (2s).
+func leaderEtcdBackend(spec childSpec, logger *slog.Logger) (*backend, error) {
+	counter := &grpcCounter{}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{spec.Etcd},
+		DialTimeout: 5 * time.Second,
+		DialOptions: counter.dialOptions(),
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	prefix := spec.EtcdPrefix
+	if prefix == "" {
+		prefix = "/leaderbench-ours/"
+	}
+	store, err := etcdstore.New(cli, etcdstore.WithPrefix(prefix), etcdstore.WithLogger(logger))
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	acquires := new(atomic.Int64)
+	return &backend{
+		newCandidate: electorCandidates(store, spec, logger, acquires),
+		counts:       counter.snapshot,
+		acquires:     acquires.Load,
+		warmUp: func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := cli.Get(ctx, prefix+"warm-up")
+			return err
+		},
+		close: func() { store.Close(); cli.Close() },
+	}, nil
+}
+
+// leaderEtcdPrefix is the key prefix of our etcd store in setup (each
+// setup has one of its own, as each PostgreSQL setup has a database).
+func leaderEtcdPrefix(setup string) string { return "/leaderbench-ours/" + setup + "/" }
 
 // electorCandidate is a campaign of ours: it can hand its leadership over.
 type electorCandidate struct {

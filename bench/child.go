@@ -38,7 +38,8 @@ type childSpec struct {
 	Kind       string `json:"kind"`
 	Timing     timing `json:"timing"`
 	ConnString string `json:"conn_string,omitempty"` // PostgreSQL kinds
-	Etcd       string `json:"etcd,omitempty"`        // etcd kind: client URL
+	Etcd       string `json:"etcd,omitempty"`        // etcd kinds: client URL
+	EtcdPrefix string `json:"etcd_prefix,omitempty"` // leader-etcd: the store's key prefix
 	Name       string `json:"name"`                  // the election
 	ID         string `json:"id"`                    // candidate ID (idle: prefix)
 	IdleN      int    `json:"idle_n,omitempty"`      // idle: how many followers

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -8,11 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 // etcdServer is a one-member etcd cluster embedded in the bench process,
@@ -114,4 +118,27 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// holderKeys counts the names held under prefix, an etcd store's key
+// prefix: the holder keys (prefix names/<name>/holder) present now.
+func (s *etcdServer) holderKeys(ctx context.Context, prefix string) (int64, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return 0, err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, prefix+"names/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, kv := range resp.Kvs {
+		if strings.HasSuffix(string(kv.Key), "/holder") {
+			n++
+		}
+	}
+	return n, nil
 }

@@ -4,10 +4,13 @@ go 1.26.0
 
 replace github.com/leaderelect/leader => ../
 
+replace github.com/leaderelect/leader/etcd => ../etcd
+
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/leaderelect/leader v0.0.0-00010101000000-000000000000
+	github.com/leaderelect/leader/etcd v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_golang v1.25.0
 	github.com/rs/zerolog v1.35.1
 	go.etcd.io/etcd/client/v3 v3.7.3

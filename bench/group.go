@@ -128,8 +128,8 @@ func (g *group) launch(slot, priority int) (*member, error) {
 		// instances started at different times do not.
 		spec.StartDelay = duration(rand.N(g.s.Timing.Renew.D()))
 	}
-	if g.s.Kind == kindEtcd {
-		spec.Etcd = g.b.etcd.url
+	if usesEtcd(g.s.Kind) {
+		spec.Etcd, spec.EtcdPrefix = g.b.etcd.url, leaderEtcdPrefix(g.s.Name)
 	} else {
 		spec.ConnString = g.b.db.connString(g.dbname, m.role, hostport)
 	}

@@ -27,7 +27,7 @@ func (b *bench) measureIdle(ctx context.Context, kind string, n int) (r Result) 
 		return r
 	}
 	dbname := "lb_idle_" + dbSafe(kind)
-	if kind != kindEtcd {
+	if !usesEtcd(kind) {
 		if err := b.db.createDatabase(ctx, dbname, kind, []string{slotRole(0), idleRole}); err != nil {
 			return fail(err)
 		}
@@ -40,8 +40,8 @@ func (b *bench) measureIdle(ctx context.Context, kind string, n int) (r Result) 
 	defer g.close()
 
 	spec := childSpec{Kind: kind, Timing: t, Name: electionName, ID: "idle", IdleN: n}
-	if kind == kindEtcd {
-		spec.Etcd = b.etcd.url
+	if usesEtcd(kind) {
+		spec.Etcd, spec.EtcdPrefix = b.etcd.url, leaderEtcdPrefix(s.Name)
 	} else {
 		spec.ConnString = b.db.connString(dbname, idleRole, "")
 	}
@@ -69,14 +69,16 @@ func (b *bench) measureIdle(ctx context.Context, kind string, n int) (r Result) 
 					"goroutines_per_elector":       rep.Goroutines,
 					"ready_after_ms":               rep.ReadyAfterMillis,
 				}
-				if kind != kindEtcd {
+				if !usesEtcd(kind) {
 					sc, err := b.db.serverCounts(ctx, dbname)
 					if err != nil {
 						return fail(err)
 					}
 					r.Values["server_connections_per_elector"] = float64(sc.Connections[idleRole]) / float64(rep.N)
-				} else {
+				} else if kind == kindEtcd {
 					r.Notes = append(r.Notes, "etcd: every session shares the process's one client connection")
+				} else {
+					r.Notes = append(r.Notes, "etcd store: every Elector shares the process's one client connection and Store")
 				}
 				if kind == kindAdvisory {
 					r.Notes = append(r.Notes, "advisory: each candidate campaigns on a connection of its own")

@@ -1,21 +1,24 @@
 // Command bench compares leader's PostgreSQL electors (the lease and the
-// advisory strategy) with three peers, in one run, on one machine and one
-// database: the table-and-heartbeat algorithm of the "leader-election"
-// skill, client-go's LeaderElector on a PostgreSQL resourcelock, and etcd's
-// concurrency.Election on an embedded etcd. It measures graceful handover,
-// crash takeover with real processes (SIGKILL, and for the advisory
-// strategy a black-holed connection), the statements each candidate sends
-// at steady state, and the memory and goroutines of idle followers; for
-// ours, a transfer to a named follower and rolling deploys to a release of
-// higher priority (issue 18); and, for the lease strategy, one process
-// holding 10,000 names and 100 processes campaigning for the same 100
-// names (issue 6's scale). It prints markdown tables and writes the
-// measurements as JSON.
+// advisory strategy) and leader on its etcd store with three peers, in one
+// run, on one machine, one database and one etcd server: the
+// table-and-heartbeat algorithm of the "leader-election" skill, client-go's
+// LeaderElector on a PostgreSQL resourcelock, and etcd's
+// concurrency.Election on an embedded etcd (the server our etcd store runs
+// on too). It measures graceful handover, crash takeover with real
+// processes (SIGKILL, and for the advisory strategy a black-holed
+// connection), the statements (or etcd requests) each candidate sends at
+// steady state, and the memory and goroutines of idle followers; for ours,
+// a transfer to a named follower, and on PostgreSQL rolling deploys to a
+// release of higher priority (issue 18); and, for the lease strategy, one
+// process holding 10,000 names and 100 processes campaigning for the same
+// 100 names (issue 6's scale), and one process holding 10,000 names on the
+// etcd store. It prints markdown tables and writes the measurements as
+// JSON.
 //
 // Run it from the repository root:
 //
-//	go -C bench run . -out bench-results.json       # full, about 32 minutes
-//	go -C bench run . -quick                         # smoke run, about 3.5 minutes
+//	go -C bench run . -out bench-results.json       # full, about 42 minutes
+//	go -C bench run . -quick                         # smoke run, about 5.5 minutes
 //
 // See README.md for the flags and what each figure means.
 package main
@@ -91,11 +94,11 @@ func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 	var o options
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.BoolVar(&o.quick, "quick", false, "smoke run: few trials, 5 followers, no peer defaults, 30s scale windows (about 3 minutes)")
+	fs.BoolVar(&o.quick, "quick", false, "smoke run: few trials, 5 followers, no peer defaults, 30s scale windows (about 5.5 minutes)")
 	fs.StringVar(&o.out, "out", "bench-results.json", "write the measurements as JSON to this file (relative to the bench directory with go -C bench); empty: don't")
 	fs.StringVar(&o.databaseURL, "database-url", "", "postgres:// URL of a superuser (or a role with CREATEDB and CREATEROLE) on an existing server; default: start a throwaway cluster")
 	fs.DurationVar(&o.ttl, "ttl", 0, "the equal TTL at which every kind runs, whole seconds, at least 2s (etcd's minimum lease); default 2s")
-	fs.StringVar(&o.only, "only", "", "run only the setups whose name matches this regular expression (names like lease@2s, lease@2s-rolling, advisory@2s-blackhole, etcd@1m0s-default, lease-idle, advisory-herd, lease-scale-10k, lease-scale-100x100)")
+	fs.StringVar(&o.only, "only", "", "run only the setups whose name matches this regular expression (names like lease@2s, lease@2s-rolling, advisory@2s-blackhole, etcd@1m0s-default, leader-etcd@2s, lease-idle, leader-etcd-idle, advisory-herd, lease-scale-10k, lease-scale-100x100, leader-etcd-scale-10k)")
 	fs.IntVar(&o.followers, "followers", 0, "followers per setup (default 10; 5 with -quick)")
 	fs.IntVar(&o.graceful, "graceful", 0, "graceful handover trials per setup at the equal TTL (default 100; 5 with -quick)")
 	fs.IntVar(&o.crash, "crash", 0, "crash takeover trials per setup at the equal TTL (default 30, and 3x that for the advisory kill; 3 with -quick)")
@@ -107,10 +110,10 @@ func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 	fs.IntVar(&o.herdN, "herd", 0, "followers woken by one release in the herd measurement (default 200; 50 with -quick)")
 	fs.IntVar(&o.idleN, "idle", 0, "idle followers in one process for the idle cost (default 1000; 100 with -quick)")
 	fs.IntVar(&o.idleNAdv, "idle-advisory", 0, "idle followers for the advisory strategy, which opens a server connection for each (default 300; 50 with -quick)")
-	fs.BoolVar(&o.noScale, "no-scale", false, "skip the scale measurements (one process holding many names; many processes campaigning for the same names)")
-	fs.DurationVar(&o.scaleWindow, "scale-window", 0, "the measured window of both scale measurements (default 5m for one process's names and 2m for many processes; 30s each with -quick)")
+	fs.BoolVar(&o.noScale, "no-scale", false, "skip the scale measurements (one process holding many names, on the lease and the etcd store; many processes campaigning for the same names)")
+	fs.DurationVar(&o.scaleWindow, "scale-window", 0, "the measured window of the scale measurements (default 5m for one process's names and 2m for many processes; 30s each with -quick)")
 	fs.DurationVar(&o.scaleTTL, "scale-ttl", 0, "the TTL of the scale measurements (default 6s; RenewInterval is TTL/3)")
-	fs.IntVar(&o.scaleNames, "scale-names", 0, "names held by one process in the scale measurement (default 10000)")
+	fs.IntVar(&o.scaleNames, "scale-names", 0, "names held by one process in the scale measurements on the lease and the etcd store (default 10000)")
 	fs.IntVar(&o.scaleProcs, "scale-procs", 0, "processes campaigning for the same names in the scale measurement (default 100)")
 	fs.IntVar(&o.scaleProcN, "scale-proc-names", 0, "names each of those processes campaigns for (default 100)")
 	fs.StringVar(&o.childLog, "child-log", "", "append the candidate processes' standard error to this file (default: a temporary file, removed unless the run fails)")
@@ -274,14 +277,14 @@ func runBench(o options, p plan, stdout, stderr io.Writer) int {
 	}
 	needEtcd := false
 	for _, s := range setups {
-		needEtcd = needEtcd || s.Kind == kindEtcd
+		needEtcd = needEtcd || usesEtcd(s.Kind)
 	}
 	idleKinds := []string{}
 	if !o.noIdle {
 		for _, k := range allKinds {
 			if only == nil || only.MatchString(k+"-idle") {
 				idleKinds = append(idleKinds, k)
-				needEtcd = needEtcd || k == kindEtcd
+				needEtcd = needEtcd || usesEtcd(k)
 			}
 		}
 	}
@@ -298,6 +301,7 @@ func runBench(o options, p plan, stdout, stderr io.Writer) int {
 		for _, sc := range p.scaleRuns() {
 			if only == nil || only.MatchString(sc.name) {
 				scales = append(scales, sc)
+				needEtcd = needEtcd || usesEtcd(sc.kind)
 			}
 		}
 	}
@@ -413,7 +417,7 @@ func (b *bench) runSetup(ctx context.Context, s *setup) []Result {
 		return results
 	}
 	dbname := "lb_" + dbSafe(s.Name)
-	if s.Kind != kindEtcd {
+	if !usesEtcd(s.Kind) {
 		roles := make([]string, s.Followers+1)
 		for i := range roles {
 			roles[i] = slotRole(i)

@@ -129,11 +129,14 @@ func evaluateTargets(results []Result) []target {
 		}
 	}
 	etcd := find(results, scGraceful, kindEtcd, false)
-	for _, kind := range []string{kindLease, kindAdvisory} {
+	for _, kind := range []string{kindLease, kindAdvisory, kindLeaderEtcd} {
 		if r := find(results, scGraceful, kind, false); r != nil && r.Summary != nil && etcd != nil && etcd.Summary != nil {
 			what := fmt.Sprintf("graceful handover p99 below etcd's (%s ms, same run)", fmtMs(etcd.Summary.P99))
 			add(what, r.Setup, etcd.Summary.P99, r.Summary.P99, "ms", true)
 			out[len(out)-1].Met = r.Summary.P99 < etcd.Summary.P99
+		}
+		if kind == kindLeaderEtcd {
+			continue // issue 18's transfer and deploy targets are the PostgreSQL stores'
 		}
 		if r := find(results, scTransfer, kind, false); r != nil && r.Summary != nil {
 			add("transfer: leaderless gap p99 ≤ 2 ms", r.Setup, 2, r.Summary.P99, "ms", true)
@@ -152,6 +155,11 @@ func evaluateTargets(results []Result) []target {
 		}
 		add(names+": zero spurious losses", r.Setup, 0, r.Values["losses"], "losses", true)
 	}
+	if r := find(results, scScaleNames, kindLeaderEtcd, false); r != nil {
+		names := fmt.Sprintf("%s names in one process, etcd store", thousands(r.Values["names"]))
+		add(names+": one keep-alive per renew round", r.Setup, 1, r.Values["statements_per_round"], "keep-alives/round", true)
+		add(names+": zero spurious losses", r.Setup, 0, r.Values["losses"], "losses", true)
+	}
 	return out
 }
 
@@ -160,6 +168,7 @@ func label(r *Result) string {
 	kind := map[string]string{
 		kindLease: "leader, lease", kindAdvisory: "leader, advisory", kindSkill: "skill (table + heartbeat)",
 		kindClientGo: "client-go LeaderElector", kindEtcd: "etcd concurrency.Election",
+		kindLeaderEtcd: "leader, etcd store",
 	}[r.Kind]
 	if r.Defaults {
 		return kind + ", its defaults"
@@ -176,6 +185,9 @@ func timingCell(t timing, kind string) string {
 		return fmt.Sprintf("lease %s, renew deadline %s, retry %s", d(t.TTL), d(t.RenewDeadline), d(t.Renew))
 	case kindEtcd:
 		return fmt.Sprintf("session TTL %s (keep-alive %s)", d(t.TTL), d(t.Renew))
+	case kindLeaderEtcd:
+		// The store's etcd lease: whole seconds, at least etcd's minimum.
+		return fmt.Sprintf("TTL %s, renew %s (etcd lease %ds)", d(t.TTL), d(t.Renew), etcdLeaseSeconds(t.TTL.D()))
 	}
 	return fmt.Sprintf("TTL %s, renew %s", d(t.TTL), d(t.Renew))
 }
@@ -313,7 +325,7 @@ func writeMarkdown(w io.Writer, rep *report) {
 		}
 		v := r.Values
 		server, all := "–", "–"
-		if r.Kind == kindEtcd {
+		if usesEtcd(r.Kind) {
 			all = fmt.Sprintf("%s requests vs %s (etcd metrics)", rate(v["server_requests_per_s"]), rate(v["client_stmts_per_s"]))
 		} else {
 			if _, ok := v["server_leader_stmts_per_s"]; ok {
@@ -376,7 +388,7 @@ func writeMarkdown(w io.Writer, rep *report) {
 	}
 
 	if has(scScaleNames) {
-		fmt.Fprintln(w, "### Scale: many names in one process (lease strategy)")
+		fmt.Fprintln(w, "### Scale: many names in one process (lease strategy; leader, etcd store: a renewal statement is a lease keep-alive, server counts are etcd's requests)")
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "| Setup | Timing | Names | All led after | Window (machine's CPU busy) | Renewal statements per round (rounds split; window: statements ÷ window/RenewInterval) | Round latency (ms: p50 / p99 / max, n rounds) | Round, p50 (ms): calls arrive over; first call to statement; statement; outcomes handed out | Statement latency (ms: p50 / p99 / max; server mean) | Spurious losses (leading at end; server: leases held) | Statements per second (client / server) |")
 		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
@@ -399,9 +411,14 @@ func writeMarkdown(w io.Writer, rep *report) {
 				stmt += fmt.Sprintf("; %s", fmtMs(m))
 			}
 			breakdown := fmt.Sprintf("%s; %s; %s; %s", fmtMs(v["round_spread_p50_ms"]), fmtMs(v["round_wait_p50_ms"]), fmtMs(v["stmt_p50_ms"]), fmtMs(v["round_hand_out_p50_ms"]))
-			fmt.Fprintf(w, "| %s | %s | %s | %.1f s (losses: %.0f meanwhile, %.0f before the window) | %s | %.2f (%.0f of %.0f split; %.0f ÷ %.1f) | %s | %s | %s | %.0f (%.0f; %.0f) | %s / %s |\n",
+			perRound := fmt.Sprintf("%.2f (%.0f of %.0f split; %.0f ÷ %.1f)", v["statements_per_round"], v["rounds_split"], v["rounds_observed"], v["renew_statements"], v["rounds"])
+			if r.Kind == kindLeaderEtcd {
+				perRound = fmt.Sprintf("%.2f keep-alives (%.0f of %.0f split; %.0f ÷ %.1f); all requests: %.2f per round",
+					v["statements_per_round"], v["rounds_split"], v["rounds_observed"], v["renew_statements"], v["rounds"], v["requests_per_round_window"])
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %.1f s (losses: %.0f meanwhile, %.0f before the window) | %s | %s | %s | %s | %s | %.0f (%.0f; %.0f) | %s / %s |\n",
 				r.Setup, timingCell(r.Timing, r.Kind), thousands(v["names"]), v["lead_all_s"], v["startup_losses"], v["losses_before_window"], windowCell(v),
-				v["statements_per_round"], v["rounds_split"], v["rounds_observed"], v["renew_statements"], v["rounds"], latencyCell(r), breakdown, stmt,
+				perRound, latencyCell(r), breakdown, stmt,
 				v["losses"], v["leaders_at_end"], v["server_leases_held"], rate(v["client_stmts_per_s"]), server)
 		}
 		fmt.Fprintln(w)
@@ -480,8 +497,13 @@ func writeHandingOver(w io.Writer, results []Result, setupOrder []string, bySetu
 			continue
 		}
 		transfer, toElected, once, gap, total := "n/a", "n/a", "n/a", "n/a", "n/a"
-		if g.Kind == kindLease || g.Kind == kindAdvisory {
+		if isOurs(g.Kind) {
 			transfer, toElected = latencyCell(m[scTransfer]), seriesCell(m[scTransfer], seriesCommandToElected)
+		}
+		if g.Kind == kindLeaderEtcd {
+			once, gap, total = "not run", "not run", "not run"
+		}
+		if g.Kind == kindLease || g.Kind == kindAdvisory {
 			once, gap, total = "–", "–", "–"
 			if d := find(results, scRolling, g.Kind, false); d != nil && len(d.Deploys) > 0 {
 				v := d.Values

@@ -11,14 +11,19 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/leaderelect/leader"
+	etcdstore "github.com/leaderelect/leader/etcd"
 	"github.com/leaderelect/leader/postgres"
 )
 
-// The scale measurements of issue 6, on the lease strategy only (the
-// advisory strategy holds a server connection per candidate, so it is not
-// meant for thousands of names):
+// The scale measurements of issue 6, on the lease strategy (the advisory
+// strategy holds a server connection per candidate, so it is not meant for
+// thousands of names), and the first of them also on the etcd store
+// (leader-etcd-scale-10k: its renewal rounds counted in keep-alives, see
+// etcdScaleCounter):
 //
 //   - One process holding many names (10,000): every Elector of the process
 //     renews on one grid of period RenewInterval, and the store sends each
@@ -57,7 +62,8 @@ func scaleName(i int) string { return fmt.Sprintf("%s-%05d", scaleNamePrefix, i)
 
 // scaleRun is one scale measurement of a plan.
 type scaleRun struct {
-	name     string // the setup name: lease-scale-10k, lease-scale-100x100
+	name     string // the setup name: lease-scale-10k, lease-scale-100x100, leader-etcd-scale-10k
+	kind     string // kindLease, or kindLeaderEtcd (one process's names only)
 	scenario string
 	timing   timing
 	names    int // per process
@@ -68,10 +74,14 @@ type scaleRun struct {
 func (p plan) scaleRuns() []scaleRun {
 	t := timingAt(kindLease, p.scaleTTL)
 	return []scaleRun{
-		{name: "lease-scale-" + countName(p.scaleNames), scenario: scScaleNames, timing: t,
+		{name: "lease-scale-" + countName(p.scaleNames), kind: kindLease, scenario: scScaleNames, timing: t,
 			names: p.scaleNames, procs: 1, window: p.scaleNamesWindow},
-		{name: fmt.Sprintf("lease-scale-%dx%d", p.scaleProcs, p.scaleProcNames), scenario: scScaleProcs, timing: t,
+		{name: fmt.Sprintf("lease-scale-%dx%d", p.scaleProcs, p.scaleProcNames), kind: kindLease, scenario: scScaleProcs, timing: t,
 			names: p.scaleProcNames, procs: p.scaleProcs, window: p.scaleProcsWindow},
+		// Ours on the etcd store: one process's names, counted in
+		// keep-alives (one per round, however many names).
+		{name: "leader-etcd-scale-" + countName(p.scaleNames), kind: kindLeaderEtcd, scenario: scScaleNames,
+			timing: timingAt(kindLeaderEtcd, p.scaleTTL), names: p.scaleNames, procs: 1, window: p.scaleNamesWindow},
 	}
 }
 
@@ -283,4 +293,32 @@ func (t cpuTimes) busySince(then cpuTimes) float64 {
 		return -1
 	}
 	return 1 - (t.idle-then.idle)/d
+}
+
+// scaleEtcdStore opens a scale process's etcd client (its requests counted
+// by counter) and etcd store, under the setup's prefix, and checks the
+// client's connection.
+func scaleEtcdStore(spec childSpec, counter *etcdScaleCounter, logger *slog.Logger) (*etcdstore.Store, error) {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{spec.Etcd},
+		DialTimeout: 5 * time.Second,
+		DialOptions: counter.dialOptions(),
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	store, err := etcdstore.New(cli, etcdstore.WithPrefix(spec.EtcdPrefix), etcdstore.WithLogger(logger))
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Get(ctx, spec.EtcdPrefix+"warm-up"); err != nil {
+		store.Close()
+		cli.Close()
+		return nil, err
+	}
+	return store, nil
 }

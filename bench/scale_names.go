@@ -35,18 +35,36 @@ type scaleReport struct {
 	Goroutines   int           `json:"goroutines,omitempty"`
 }
 
-// runScaleNames runs spec.Names Electors, one per name, on one lease store;
+// runScaleNames runs spec.Names Electors, one per name, on one lease store
+// (or, for kindLeaderEtcd, one etcd store);
 // waits until every one leads and reports how long that took ("ready");
 // then measures a window from "mark" to "report".
 func runScaleNames(spec childSpec, em *emitter, logger *slog.Logger) int {
 	n := spec.Names
 	rec := newRoundRecorder(spec.Timing.Renew.D())
-	tracer := &scaleTracer{onRenew: rec.statement}
-	// The pool and store stay open until the process exits: on "exit" it
-	// leaves at once, releasing nothing (its database is dropped next).
-	store, err := scaleStore(spec, tracer, logger)
-	if err != nil {
-		return em.fail(err)
+	// The pool (or client) and store stay open until the process exits:
+	// on "exit" it leaves at once, releasing nothing (its database is
+	// dropped next; on etcd, its setup's keys are left to their leases).
+	// On the etcd store a round's renewal "statement" is its keep-alive.
+	var (
+		store    leader.Store
+		snapshot func() counts
+		err      error
+	)
+	if spec.Kind == kindLeaderEtcd {
+		counter := &etcdScaleCounter{onKeepAlive: rec.statement}
+		s, err := scaleEtcdStore(spec, counter, logger)
+		if err != nil {
+			return em.fail(err)
+		}
+		store, snapshot = s, counter.snapshot
+	} else {
+		tracer := &scaleTracer{onRenew: rec.statement}
+		s, err := scaleStore(spec, tracer, logger)
+		if err != nil {
+			return em.fail(err)
+		}
+		store, snapshot = s, tracer.snapshot
 	}
 	ctx := context.Background()
 
@@ -91,7 +109,7 @@ func runScaleNames(spec childSpec, em *emitter, logger *slog.Logger) int {
 
 	var (
 		markT         = time.Now()
-		markCounts    = tracer.snapshot()
+		markCounts    = snapshot()
 		markDemoted   = demoted.Load()
 		markRenewErrs = rec.failedCalls()
 	)
@@ -100,7 +118,7 @@ func runScaleNames(spec childSpec, em *emitter, logger *slog.Logger) int {
 	for in.Scan() {
 		switch in.Text() {
 		case cmdMark:
-			markT, markCounts, markDemoted, markRenewErrs = time.Now(), tracer.snapshot(), demoted.Load(), rec.failedCalls()
+			markT, markCounts, markDemoted, markRenewErrs = time.Now(), snapshot(), demoted.Load(), rec.failedCalls()
 			if profile != "" {
 				if stopProfile, err = startCPUProfile(profile); err != nil {
 					return em.fail(err)
@@ -109,7 +127,7 @@ func runScaleNames(spec childSpec, em *emitter, logger *slog.Logger) int {
 		case cmdReport:
 			stopProfile()
 			now := time.Now()
-			c := tracer.snapshot()
+			c := snapshot()
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			em.emit(event{Ev: "scale", Scale: &scaleReport{
@@ -166,20 +184,35 @@ func startCPUProfile(path string) (stop func(), err error) {
 func (b *bench) measureScaleNames(ctx context.Context, sc scaleRun) (r Result) {
 	start := time.Now()
 	ttl, renew := sc.timing.TTL.D(), sc.timing.Renew.D()
-	r = Result{Scenario: sc.scenario, Setup: sc.name, Kind: kindLease, Timing: sc.timing, Trials: 1}
+	r = Result{Scenario: sc.scenario, Setup: sc.name, Kind: sc.kind, Timing: sc.timing, Trials: 1}
 	defer func() { r.WallSec = time.Since(start).Seconds() }()
 	fail := func(err error) Result {
 		r.Error = err.Error()
 		b.logf("%s: %v", sc.name, err)
 		return r
 	}
+	onEtcd := sc.kind == kindLeaderEtcd
+	spec := childSpec{Kind: sc.kind, Timing: sc.timing, Name: scaleNamePrefix, ID: "scale", Names: sc.names}
 	dbname := "lb_" + dbSafe(sc.name)
-	if err := b.db.createDatabase(ctx, dbname, kindLease, []string{scaleRole}); err != nil {
-		return fail(err)
+	if onEtcd {
+		spec.Etcd, spec.EtcdPrefix = b.etcd.url, leaderEtcdPrefix(sc.name)
+	} else {
+		if err := b.db.createDatabase(ctx, dbname, kindLease, []string{scaleRole}); err != nil {
+			return fail(err)
+		}
+		defer b.db.dropDatabase(context.Background(), dbname)
+		spec.ConnString = b.db.connString(dbname, scaleRole, "")
 	}
-	defer b.db.dropDatabase(context.Background(), dbname)
-	spec := childSpec{Kind: kindLease, Timing: sc.timing, Name: scaleNamePrefix, ID: "scale", Names: sc.names,
-		ConnString: b.db.connString(dbname, scaleRole, "")}
+	// The server's counts: pg_stat_statements, or etcd's requests received
+	// (all its clients: the process is the only one meanwhile).
+	serverCounts := func() (scaleServer, int64, error) {
+		if onEtcd {
+			n, err := b.etcd.requestsReceived()
+			return scaleServer{}, n, err
+		}
+		srv, err := b.db.scaleCounts(ctx, dbname)
+		return srv, 0, err
+	}
 	p, events, err := b.procs.start(roleScaleNames, spec)
 	if err != nil {
 		return fail(err)
@@ -196,7 +229,7 @@ func (b *bench) measureScaleNames(ctx context.Context, sc scaleRun) (r Result) {
 	// after its grant, on the grid; from then on every round is whole.
 	time.Sleep(2 * renew)
 
-	srv1, err := b.db.scaleCounts(ctx, dbname)
+	srv1, etcd1, err := serverCounts()
 	if err != nil {
 		return fail(err)
 	}
@@ -209,11 +242,16 @@ func (b *bench) measureScaleNames(ctx context.Context, sc scaleRun) (r Result) {
 	if err != nil {
 		return fail(err)
 	}
-	srv2, err := b.db.scaleCounts(ctx, dbname)
+	srv2, etcd2, err := serverCounts()
 	if err != nil {
 		return fail(err)
 	}
-	lt, err := b.db.leaseTable(ctx, dbname)
+	var lt leaseTable
+	if onEtcd {
+		lt.held, err = b.etcd.holderKeys(ctx, spec.EtcdPrefix)
+	} else {
+		lt, err = b.db.leaseTable(ctx, dbname)
+	}
 	if err != nil {
 		return fail(err)
 	}
@@ -287,6 +325,27 @@ func (b *bench) measureScaleNames(ctx context.Context, sc scaleRun) (r Result) {
 	}
 	if lt.updates > 0 {
 		v["server_hot_update_ratio"] = float64(lt.hotUpdates) / float64(lt.updates)
+	}
+	if onEtcd {
+		// Besides each round's keep-alive, its read of the names held
+		// (and of pending requests to hand over): every request of the
+		// window per round.
+		v["requests_per_round_window"] = float64(rep.Counts.Statements) / rounds
+		v["server_stmts_per_s"] = float64(etcd2-etcd1) / secs
+		for _, k := range []string{"server_lease_holders", "server_table_mib", "server_dead_tuples"} {
+			delete(v, k)
+		}
+		r.Values = v
+		r.Rounds = rep.Rounds
+		r.Notes = append(r.Notes,
+			fmt.Sprintf("one process, %d Electors (names %s … %s) on one etcd Store (one client) on the embedded etcd, keys under %s; TTL %s, RenewInterval %s (etcd lease %ds)",
+				rep.Names, scaleName(0), scaleName(rep.Names-1), spec.EtcdPrefix, shortDur(ttl), shortDur(renew), etcdLeaseSeconds(ttl)),
+			"renewal statements are the Store's lease keep-alives (one stream, one message each); round latency: from the first Elector's renewal timer firing to the last Elector's Renew returning; statement latency: a keep-alive's stream opening to its answer",
+			"server: etcd's grpc_server_msg_received_total, which also counts each closed stream's end; leases held: the names' holder keys on etcd at the end")
+		if len(rep.LossReasons) > 0 {
+			r.Notes = append(r.Notes, fmt.Sprintf("losses by reason since the process started: %v", rep.LossReasons))
+		}
+		return r
 	}
 	if srv1.ok {
 		renewals := float64(srv2.renewals - srv1.renewals)

@@ -226,7 +226,7 @@ func measureLoad(g *group, r *Result) error {
 		if err := g.collectCounts(); err != nil {
 			return srv, 0, err
 		}
-		if g.s.Kind == kindEtcd {
+		if usesEtcd(g.s.Kind) {
 			etcdMsgs, err = g.b.etcd.requestsReceived()
 			return srv, etcdMsgs, err
 		}
@@ -283,9 +283,13 @@ func measureLoad(g *group, r *Result) error {
 		v["follower_connects"] = cs / n
 	}
 	v["client_stmts_per_s"] = clientTotal / secs
-	if g.s.Kind == kindEtcd {
+	if usesEtcd(g.s.Kind) {
 		v["server_requests_per_s"] = float64(etcd2-etcd1) / secs
 		r.Notes = append(r.Notes, "server side: etcd's grpc_server_msg_received_total (all clients of the embedded server)")
+		if g.s.Kind == kindLeaderEtcd {
+			r.Notes = append(r.Notes, "the etcd store opens a stream for each keep-alive (connects: streams opened); "+
+				"the server also counts the end of each stream a client closes as a message received, which the client does not send")
+		}
 	} else {
 		if srv1.Statements != nil {
 			var serverTotal, followerSum float64

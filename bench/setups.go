@@ -13,9 +13,29 @@ const (
 	kindSkill    = "skill"     // the "leader-election" skill's table and heartbeat
 	kindClientGo = "client-go" // k8s.io/client-go/tools/leaderelection on a PostgreSQL resourcelock
 	kindEtcd     = "etcd"      // go.etcd.io/etcd/client/v3/concurrency on an embedded etcd
+	// kindLeaderEtcd is ours on etcd: leader.New on etcd.New, on the same
+	// embedded etcd as kindEtcd.
+	kindLeaderEtcd = "leader-etcd"
 )
 
-var allKinds = []string{kindLease, kindAdvisory, kindSkill, kindClientGo, kindEtcd}
+var allKinds = []string{kindLease, kindAdvisory, kindSkill, kindClientGo, kindEtcd, kindLeaderEtcd}
+
+// isOurs tells whether kind is leader's Elector (on any store): it can
+// transfer leadership to a named candidate.
+func isOurs(kind string) bool {
+	return kind == kindLease || kind == kindAdvisory || kind == kindLeaderEtcd
+}
+
+// etcdLeaseSeconds is the TTL of the etcd lease on which our etcd store
+// keeps a name held with ttl: whole seconds, rounded up, at least the
+// embedded server's minimum (2s).
+func etcdLeaseSeconds(ttl time.Duration) int64 {
+	return max(int64((ttl+time.Second-1)/time.Second), 2)
+}
+
+// usesEtcd tells whether kind campaigns on the embedded etcd (and not on
+// PostgreSQL).
+func usesEtcd(kind string) bool { return kind == kindEtcd || kind == kindLeaderEtcd }
 
 // duration is a time.Duration that reads and writes as "1.5s" in JSON.
 type duration time.Duration
@@ -42,6 +62,11 @@ func (d duration) D() time.Duration { return time.Duration(d) }
 //	skill      heartbeatTimeoutSeconds       heartbeatInterval (followers poll at it too)
 //	client-go  LeaseDuration                 RetryPeriod (renew and retry)  RenewDeadline
 //	etcd       session TTL (whole seconds)   TTL/3, the client's keep-alive (not settable)
+//
+// leader-etcd is timed as lease and advisory are (Config.TTL and
+// Config.RenewInterval); its store keeps each name on an etcd lease of
+// ceil(TTL) seconds, at least the server's minimum (2s at etcd's default
+// raft timing).
 type timing struct {
 	TTL           duration `json:"ttl"`
 	Renew         duration `json:"renew"`
@@ -195,9 +220,15 @@ func (p plan) setups() []setup {
 		})
 	}
 	for _, kind := range allKinds {
-		ours := kind == kindLease || kind == kindAdvisory
-		if !ours {
+		if !isOurs(kind) {
 			add(kind, timingAt(kind, p.equalTTL), false, p.graceful, p.crash, scLoad, scGraceful, scCrash)
+			continue
+		}
+		if kind == kindLeaderEtcd {
+			// Ours on etcd, beside etcd's own election: no black hole
+			// (the proxies are PostgreSQL's) and no rolling deploy.
+			add(kind, timingAt(kind, p.equalTTL), false, p.graceful, p.crash, scLoad, scGraceful, scTransfer, scCrash)
+			out[len(out)-1].TransferTrials = p.transfer
 			continue
 		}
 		add(kind, timingAt(kind, p.equalTTL), false, p.graceful, p.crash, scLoad, scGraceful, scTransfer, scCrash)

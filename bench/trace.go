@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -170,4 +171,71 @@ func (t *scaleTracer) snapshot() counts {
 	c := t.statementCounter.snapshot()
 	c.Renewals, c.Acquires, c.Releases = t.renewals.Load(), t.acquires.Load(), t.releases.Load()
 	return c
+}
+
+// etcdKeepAliveMethod is the gRPC method of etcd's lease keep-alives.
+const etcdKeepAliveMethod = "/etcdserverpb.Lease/LeaseKeepAlive"
+
+// etcdScaleCounter is the request counter of a scale process on the etcd
+// store: it counts every request as grpcCounter does, and counts and times
+// the lease keep-alives apart, as scaleTracer does the lease store's
+// renewal statements. A round of the etcd store's renewals is one
+// keep-alive of its shared lease (on a stream opened for it) sent together
+// with one read; the keep-alive is timed from its stream's opening to its
+// answer, calling onKeepAlive, and counted in Renewals.
+type etcdScaleCounter struct {
+	grpcCounter
+	keepAlives  atomic.Int64
+	onKeepAlive func(start, end time.Time, err error)
+}
+
+func (c *etcdScaleCounter) dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			c.statements.Add(1)
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			c.streams.Add(1)
+			start := time.Now()
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil {
+				return nil, err
+			}
+			if method != etcdKeepAliveMethod {
+				return &countedStream{ClientStream: s, n: &c.statements}, nil
+			}
+			return &keepAliveStream{ClientStream: s, c: c, start: start}, nil
+		}),
+	}
+}
+
+func (c *etcdScaleCounter) snapshot() counts {
+	n := c.grpcCounter.snapshot()
+	n.Renewals = c.keepAlives.Load()
+	return n
+}
+
+// keepAliveStream is a keep-alive stream of etcdScaleCounter's client.
+type keepAliveStream struct {
+	grpc.ClientStream
+	c     *etcdScaleCounter
+	start time.Time
+	once  sync.Once
+}
+
+func (s *keepAliveStream) SendMsg(m any) error {
+	s.c.statements.Add(1)
+	s.c.keepAlives.Add(1)
+	return s.ClientStream.SendMsg(m)
+}
+
+func (s *keepAliveStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	s.once.Do(func() {
+		if s.c.onKeepAlive != nil {
+			s.c.onKeepAlive(s.start, time.Now(), err)
+		}
+	})
+	return err
 }
