@@ -90,7 +90,11 @@ func (st *state) lease(name string) leader.Lease {
 		out.Transfer = st.req.transfer(now)
 	case st.reserved != nil:
 		out.Successor = st.rec.SuccessorID
-		out.Reserved = max(st.rec.Hold, time.Nanosecond)
+		out.Reserved = st.rec.Hold
+		if st.rec.ReservedUntil != 0 { // on the releaser's wall clock: a hint
+			out.Reserved = min(out.Reserved, time.Unix(0, st.rec.ReservedUntil).Sub(now))
+		}
+		out.Reserved = max(out.Reserved, time.Nanosecond) // the key is there
 	}
 	return out
 }
@@ -197,7 +201,7 @@ func (s *Store) Acquire(ctx context.Context, name string, c leader.Candidate, tt
 			s.leaseGone(hl) // revoked since the keep-alive; try with a new one
 			continue
 		case err != nil:
-			s.settle(name, c.Token, rec.Term, began, ttl) // it may have committed
+			s.settle(name, c.Token, rec.Term, began, ttl, fenceOf(st, hl.id)) // it may have committed, or may yet
 			return leader.Lease{}, false, s.wrapError(ctx, what, err)
 		case !resp.Succeeded:
 			continue // changed since the read: look again
@@ -260,7 +264,7 @@ func (s *Store) acquireRead(ctx context.Context, k keys, c leader.Candidate, ttl
 
 // Release implements leader.Store.
 func (s *Store) Release(ctx context.Context, name, token string, term uint64) error {
-	return s.release(ctx, name, token, term, nil)
+	return closedLost(s.release(ctx, name, token, term, nil))
 }
 
 // handover is what ReleaseTo adds to a release.
@@ -269,12 +273,13 @@ type handover struct {
 	reason    leader.GrantReason
 	hold      time.Duration
 	lease     clientv3.LeaseID
+	until     time.Time // when the grant of lease was sent, plus hold
 }
 
 // release frees name if token holds it under term, reserving it for a
 // successor if to is not nil. It tries first with the revisions the Store
 // wrote last, in one request, and reads the state if they changed.
-func (s *Store) release(ctx context.Context, name, token string, term uint64, to *handover) error {
+func (s *Store) release(ctx context.Context, name, token string, term uint64, to *handover) (err error) {
 	what := call("release", name)
 	if to != nil {
 		what = fmt.Sprintf("release %q to %s", name, to.successor.ID)
@@ -300,12 +305,19 @@ func (s *Store) release(ctx context.Context, name, token string, term uint64, to
 			recKV: &mvccpb.KeyValue{ModRevision: h.recordRev}, rec: h.rec}
 	}
 	s.mu.Unlock()
+	written := false // whether a write may have committed
 	if to != nil {
-		id, err := s.client.Grant(cctx, leaseSeconds(to.hold))
-		if err != nil {
-			return s.wrapError(ctx, what, err)
+		sent := time.Now()
+		id, gerr := s.client.Grant(cctx, leaseSeconds(to.hold))
+		if gerr != nil {
+			return s.wrapError(ctx, what, gerr)
 		}
-		to.lease = id.ID
+		to.lease, to.until = id.ID, sent.Add(to.hold)
+		defer func() {
+			if err != nil && !written {
+				s.revoke(to.lease) // the reservation's lease, unused
+			}
+		}()
 	}
 	for {
 		if st == nil {
@@ -322,7 +334,7 @@ func (s *Store) release(ctx context.Context, name, token string, term uint64, to
 			return lostError(what, term, "not held by that token and term")
 		}
 		rec := st.rec
-		rec.Released, rec.SuccessorID, rec.SuccessorReason, rec.Hold = true, "", "", 0
+		rec.Released, rec.SuccessorID, rec.SuccessorReason, rec.Hold, rec.ReservedUntil = true, "", "", 0, 0
 		ops := []clientv3.Op{
 			clientv3.OpDelete(k.holder),
 			clientv3.OpDelete(k.held(clientv3.LeaseID(st.holder.Lease))),
@@ -330,9 +342,11 @@ func (s *Store) release(ctx context.Context, name, token string, term uint64, to
 		}
 		if to != nil {
 			rec.SuccessorID, rec.SuccessorReason, rec.Hold = to.successor.ID, to.reason, to.hold
+			rec.ReservedUntil = to.until.UnixNano()
 			ops = append(ops, clientv3.OpPut(k.reserve, to.successor.Token, clientv3.WithLease(to.lease)))
 		}
 		ops = append(ops, clientv3.OpPut(k.record, mustJSON(rec)))
+		written = true
 		resp, err := s.client.Txn(cctx).If(
 			clientv3.Compare(clientv3.ModRevision(k.holder), "=", st.holderRev()),
 			clientv3.Compare(clientv3.ModRevision(k.record), "=", st.recordRev()),
@@ -341,12 +355,31 @@ func (s *Store) release(ctx context.Context, name, token string, term uint64, to
 			return s.wrapError(ctx, what, err)
 		}
 		if !resp.Succeeded {
+			written = false
 			st = nil
 			continue
 		}
 		s.forget(name, token, term)
 		return nil
 	}
+}
+
+// revoke revokes the lease id, which nothing uses, in the background: one
+// attempt, bounded by the call timeout and ended by Close. If it fails,
+// etcd ends the lease at its TTL.
+func (s *Store) revoke(id clientv3.LeaseID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(s.bg, s.callTimeout)
+		defer cancel()
+		if _, err := s.client.Revoke(ctx, id); err != nil && !isLeaseNotFound(err) && s.bg.Err() == nil {
+			s.log.Warn("etcd: could not revoke the lease of a reservation unused; etcd will end it at its TTL", "lease", fmt.Sprintf("%016x", int64(id)), "error", err)
+		}
+	})
 }
 
 // forget drops the Store's record of the grant of name to token under

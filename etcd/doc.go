@@ -68,20 +68,28 @@
 // One lease serves every name of the Store with one TTL, so it outlives
 // any one holder that stops renewing while others go on. So the Store
 // itself ends a grant at its deadline, ttl after its last grant or renewal
-// was sent, on its monotonic clock, unless a renewal is under way: it
-// deletes the holder key, if no grant or renewal rewrote it since, which
-// wakes the name's followers. That deadline is no earlier than the
-// holder's own, which counts from before the call. The Store deletes only
-// what its own holders have stopped believing in; etcd's lease ends the
-// rest. So:
+// was sent, on its monotonic clock, unless a renewal that keeps the key on
+// its lease (a keep-alive round: see Renewals) is under way: it deletes the
+// holder key, if no grant or renewal rewrote it since, which wakes the
+// name's followers. A renewal that moves the key, under way meanwhile,
+// then finds it gone and fails with leader.ErrLeaseLost; so does a
+// renewal that began after the deadline. That deadline is no earlier than
+// the holder's own, which counts from before the call. The Store deletes
+// only what its own holders have stopped believing in; etcd's lease ends
+// the rest. So:
 //
 //   - a holder that releases frees the name at once; one that stops
 //     renewing (its Elector stepped down without releasing, or it holds a
 //     lease for a window, as `leader once` does) frees it at its deadline;
 //   - a grant, or a renewal that moved a key, whose write failed with an
 //     unknown outcome (a timeout, a broken connection) may have committed
-//     for nobody: the Store reads the name in the background until etcd
-//     answers and, if it did, ends it at that call's deadline likewise;
+//     for nobody, or may still commit (etcd applies a proposal it took
+//     even after the client gave up): the Store fences it off in the
+//     background, until etcd answers, by rewriting the name's record as
+//     the write read it, unless it changed since (the write compared its
+//     revision, so it can no longer commit); if the record had changed
+//     and the write did commit, the Store ends it at that call's deadline
+//     likewise;
 //   - a holder whose process dies, or which cannot reach etcd, frees it
 //     when etcd ends the lease: from ceil(ttl) (or etcd's minimum) to
 //     about half a second more (etcd looks for expired leases twice a
@@ -103,11 +111,13 @@
 // each) and the pending requests to hand over. A name whose index entry
 // still shows its term and token is renewed; one whose entry is gone (its
 // key was deleted, or etcd ended its lease) is lost, and the others are
-// still renewed. A renewal with another ttl, or of a grant this Store does
-// not keep (made through another Store, say), reads the name's state and
-// moves its key onto this Store's lease for the new ttl, in a transaction
-// of its own. If a keep-alive finds a shared lease gone (revoked, or
-// expired while etcd could not be reached), every name on it is lost: the
+// still renewed. A renewal with another ttl, or of a grant whose key is
+// not on this Store's own lease for its ttl (a grant made through another
+// Store, say), reads the name's state and moves its key onto this Store's
+// lease for the new ttl, in a transaction of its own: only a keep-alive of
+// that lease keeps the key for the ttl the holder is told. If a
+// keep-alive finds a shared lease gone (revoked, or expired while etcd
+// could not be reached), every name on it is lost: the
 // channels of [Store.Lost] close, and the next renewals of those names
 // fail with leader.ErrLeaseLost.
 //
@@ -135,7 +145,8 @@
 // also writes the reservation key, on a fresh lease of ceil(hold) seconds:
 // until etcd ends it, Acquire grants the lease to the successor's token
 // alone, with the reason of the handover; followers are told the
-// successor's ID and the hold as Reserved. Each grant records the
+// successor's ID and what remains of the hold as Reserved (on the
+// releaser's wall clock: a hint). Each grant records the
 // candidate's priority and why it was granted: a release, an expiry (the
 // record was not released), a handover, or "" for a first grant or one to
 // the holder itself.
@@ -148,7 +159,10 @@
 // reached, had no leader, or did not answer in time (the outcome of a
 // write is then unknown), leader.ErrPermanent when etcd refused for want
 // of authentication or permission, and leader.ErrLeaseLost as the
-// contract says. After Close, every method fails with ErrClosed.
+// contract says. After Close, every method fails with ErrClosed (with
+// leader.ErrLeaseLost from renewals and releases, as from one that Close
+// cut short). Waiting for another call's grant of a lease ends with the
+// waiter's own context.
 //
 // # Guarantees, and what is assumed
 //

@@ -89,3 +89,12 @@ func isLeaseNotFound(err error) bool {
 func lostError(what string, term uint64, why string) error {
 	return fmt.Errorf("etcd: %s term %d: %s: %w", what, term, why, leader.ErrLeaseLost)
 }
+
+// closedLost adds leader.ErrLeaseLost to err if err says that Close cut
+// the call short: a closed Store keeps no lease alive (see ErrClosed).
+func closedLost(err error) error {
+	if errors.Is(err, ErrClosed) && !errors.Is(err, leader.ErrLeaseLost) {
+		return fmt.Errorf("%w: %w", err, leader.ErrLeaseLost)
+	}
+	return err
+}

@@ -78,6 +78,11 @@ type record struct {
 	SuccessorID     string             `json:"successor_id,omitempty"`
 	SuccessorReason leader.GrantReason `json:"successor_reason,omitempty"`
 	Hold            time.Duration      `json:"hold,omitempty"`
+	// ReservedUntil is the releasing client's wall clock, when it asked
+	// for the reservation's lease, plus Hold, in Unix nanoseconds: how
+	// long followers are told the reservation remains (a hint; the
+	// reserved key decides).
+	ReservedUntil int64 `json:"reserved_until,omitempty"`
 }
 
 // request is the value of a name's request key.

@@ -68,11 +68,20 @@ func (s *Store) RenewBatch(ctx context.Context, batch []leader.Renewal) {
 			continue
 		}
 		h := s.held[r.Name]
-		if h != nil && h.token == r.Token && h.term == r.Term && h.ttl == r.TTL && !h.lease.gone {
+		mine := h != nil && h.token == r.Token && h.term == r.Term
+		switch {
+		case mine && began.After(h.deadline):
+			// The Store's own deadline for the grant passed before this
+			// call began (so did the holder's, which is no later): the
+			// grant is over, whether or not its expiry has run yet. Let
+			// the expiry delete the key now.
+			r.Err = lostError(what(r), r.Term, "its deadline passed before the renewal began")
+			h.timer.Reset(0)
+		case mine && s.quickLocked(h, r.TTL):
 			h.renewing++
 			records[i] = h
 			quick[h.lease] = append(quick[h.lease], i)
-		} else {
+		default:
 			slow = append(slow, i)
 		}
 	}
@@ -89,6 +98,21 @@ func (s *Store) RenewBatch(ctx context.Context, batch []leader.Renewal) {
 		s.renewQuickly(ctx, cctx, batch, quick, records, began)
 	}
 	wg.Wait()
+	for i := range batch {
+		batch[i].Err = closedLost(batch[i].Err)
+	}
+}
+
+// quickLocked reports whether a renewal of h for ttl may be quick: only if
+// h is on the Store's own lease for ttl, which the Store keeps alive for
+// names held with ttl, and was granted or last renewed with ttl. Then a
+// keep-alive of that lease keeps the key for at least ttl. A key on any
+// other lease (another Store's, one the Store no longer uses, one for
+// another ttl) may end sooner: its renewal moves it, slowly. s.mu is
+// held.
+func (s *Store) quickLocked(h *held, ttl time.Duration) bool {
+	secs := leaseSeconds(ttl)
+	return h.ttl == ttl && !h.lease.gone && h.lease.own == secs && s.leases[secs] == h.lease
 }
 
 // renewQuickly renews the leases of batch at the indices in quick, which
@@ -228,7 +252,7 @@ func (s *Store) renewSlowly(ctx, cctx context.Context, r *leader.Renewal, began 
 			s.leaseGone(hl)
 			continue
 		case err != nil:
-			s.settle(r.Name, r.Token, r.Term, began, r.TTL) // it may have committed
+			s.settle(r.Name, r.Token, r.Term, began, r.TTL, fenceOf(st, hl.id)) // it may have committed, or may yet
 			return leader.Lease{}, s.wrapError(ctx, what, err)
 		case !tresp.Succeeded:
 			continue

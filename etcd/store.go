@@ -87,10 +87,13 @@ type Store struct {
 	callTimeout time.Duration
 	log         *slog.Logger
 
-	bg      context.Context // ended by Close
-	stop    context.CancelFunc
-	wg      sync.WaitGroup // background goroutines: watches, expiries
-	leaseMu sync.Mutex     // held while granting a lease, so that concurrent calls share one
+	bg   context.Context // ended by Close
+	stop context.CancelFunc
+	wg   sync.WaitGroup // background goroutines: watches, expiries
+	// leaseSem is a semaphore of one, held while granting a lease, so
+	// that concurrent calls share one. Waiters select on their own
+	// context, so none waits past it for another call's grant.
+	leaseSem chan struct{}
 
 	mu      sync.Mutex
 	closed  bool
@@ -143,6 +146,7 @@ func New(client *clientv3.Client, opts ...Option) (*Store, error) {
 		leases:      make(map[int64]*holderLease),
 		softs:       make(map[int64]*softLease),
 		watches:     make(map[string]*nameWatch),
+		leaseSem:    make(chan struct{}, 1),
 	}, nil
 }
 

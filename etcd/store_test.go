@@ -2,6 +2,7 @@ package etcd_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,6 +38,16 @@ func mustGrant(t *testing.T, s leader.Store, name string, c leader.Candidate, tt
 		t.Fatalf("Acquire(%q, %s): granted %v, %v: %+v", name, c.ID, granted, err, l)
 	}
 	return l
+}
+
+// holderLease returns the etcd lease that name's holder key is on.
+func holderLease(t *testing.T, cli *clientv3.Client, prefix, name string) clientv3.LeaseID {
+	t.Helper()
+	resp, err := cli.Get(callCtx(t), prefix+"names/"+name+"/holder")
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("holder key of %s: %v, %v", name, err, resp)
+	}
+	return clientv3.LeaseID(resp.Kvs[0].Lease)
 }
 
 // holderLeases returns the etcd leases that the holder keys under prefix
@@ -568,7 +579,9 @@ func TestAGrantOfUnknownOutcomeEndsAtItsDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Settle("job", alice.Token, l.Term, sent, ttl)
+	// The grant compared against a name never granted, and put the key
+	// on the Store's lease for ttl.
+	s.Settle("job", alice.Token, l.Term, sent, ttl, etcd.Fence{Lease: holderLease(t, cli, s.Prefix(), "job")})
 	deadline := time.Now().Add(waitTimeout)
 	for {
 		select {
@@ -592,5 +605,361 @@ func TestAGrantOfUnknownOutcomeEndsAtItsDeadline(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the grant of unknown outcome still held %v after it was sent", waitTimeout)
 		}
+	}
+}
+
+// heldKey is the held-index key of name under the lease id.
+func heldKey(prefix string, id clientv3.LeaseID, name string) string {
+	return fmt.Sprintf("%sheld/%016x/%s", prefix, int64(id), name)
+}
+
+// renewedFor renews name for x through s with ttl, and checks that the
+// renewal keeps what it told: the holder key is on an etcd lease of at
+// least ttl, and another candidate, trying through c once a shorter lease
+// would have ended, is refused while the renewal's ttl lasts.
+func renewedFor(t *testing.T, cli *clientv3.Client, s, c *etcd.Store, name string, x leader.Candidate, term uint64, ttl time.Duration) {
+	t.Helper()
+	sent := time.Now()
+	r, err := s.Renew(callCtx(t), name, x.Token, term, ttl)
+	if err != nil {
+		t.Fatalf("renewal for %v: %v", ttl, err)
+	}
+	ttlResp, err := cli.TimeToLive(callCtx(t), holderLease(t, cli, s.Prefix(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := time.Duration(ttlResp.GrantedTTL) * time.Second; got < ttl {
+		t.Errorf("a renewal told the holder %v remains, but its key is on an etcd lease of %v", r.Remaining, got)
+	}
+	// A lease of a second ends within about 1.5s of its last keep-alive.
+	time.Sleep(2500 * time.Millisecond)
+	l, granted, err := c.Acquire(callCtx(t), name, newCandidate("y"), time.Second)
+	if since := time.Since(sent); err == nil && granted && since < ttl {
+		t.Fatalf("INVARIANT 1: another candidate granted term %d %v after a renewal for %v was sent", l.Term, since, ttl)
+	}
+}
+
+// F1: a renewal with ttl 10s, of a grant made through another Store with
+// ttl 1s (on that Store's lease of a second), failed with an unknown
+// outcome and did not commit. The Store must not take the key for one of
+// its own on the other's lease with a ttl of 10s, and renew it quickly:
+// that keeps a lease of a second alive while telling the holder 10s.
+func TestARenewalOfAnotherStoresGrantIsNeverQuick(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t, nil)
+	a := newStore(t, cli)
+	b := newStore(t, cli, etcd.WithPrefix(a.Prefix()))
+	c := newStore(t, cli, etcd.WithPrefix(a.Prefix()))
+	x := newCandidate("x")
+	mustGrant(t, a, "other", x, 10*time.Second) // a's lease for 10s
+	a10 := holderLease(t, cli, a.Prefix(), "other")
+	l := mustGrant(t, b, "job", x, time.Second)
+	st, err := a.ReadState(callCtx(t), "job") // what a's renewal read
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close() // b's process is gone; x renews through a
+	a.Settle("job", x.Token, l.Term, time.Now(), 10*time.Second, etcd.FenceOf(st, a10))
+	renewedFor(t, cli, a, c, "job", x, l.Term, 10*time.Second)
+}
+
+// F1: a renewal that moved a grant of 10s onto the Store's lease of a
+// second (ttl 1s) committed, but the Store saw a timeout. Once settled,
+// the Store's record of the grant must say 1s, so that the next renewal
+// with 10s moves the key back, rather than keeping the lease of a second
+// alive and telling the holder 10s.
+func TestASettledRenewalKeepsTheTTLOfItsLease(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t, nil)
+	a := newStore(t, cli)
+	c := newStore(t, cli, etcd.WithPrefix(a.Prefix()))
+	x := newCandidate("x")
+	mustGrant(t, a, "other", x, time.Second) // a's lease for 1s
+	a1 := holderLease(t, cli, a.Prefix(), "other")
+	l := mustGrant(t, a, "job", x, 10*time.Second)
+	a10 := holderLease(t, cli, a.Prefix(), "job")
+	st, err := a.ReadState(callCtx(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := etcd.FenceOf(st, a1)
+	// The write of a's renewal with 1s, as renewSlowly makes it.
+	var rec map[string]any
+	if err := json.Unmarshal(f.Record, &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec["ttl"] = int64(time.Second)
+	recJSON, _ := json.Marshal(rec)
+	p := a.Prefix()
+	resp, err := cli.Txn(callCtx(t)).If(
+		clientv3.Compare(clientv3.ModRevision(p+"names/job/holder"), "=", f.HolderRev),
+		clientv3.Compare(clientv3.ModRevision(p+"names/job/record"), "=", f.RecordRev),
+	).Then(
+		clientv3.OpPut(p+"names/job/holder", x.Token, clientv3.WithLease(a1)),
+		clientv3.OpPut(heldKey(p, a1, "job"), fmt.Sprintf("%d %s", l.Term, x.Token), clientv3.WithLease(a1)),
+		clientv3.OpPut(p+"names/job/record", string(recJSON)),
+		clientv3.OpDelete(heldKey(p, a10, "job")),
+	).Commit()
+	if err != nil || !resp.Succeeded {
+		t.Fatalf("the renewal's write: %v, %v", err, resp)
+	}
+	a.Settle("job", x.Token, l.Term, time.Now(), time.Second, f)
+	renewedFor(t, cli, a, c, "job", x, l.Term, 10*time.Second)
+}
+
+// F2: a grant's write of unknown outcome that etcd applies only after
+// the Store's settle began (a proposal still in flight when the client
+// gave up) must not commit: nobody would ever end it while other names
+// keep the shared lease alive.
+func TestAWriteOfUnknownOutcomeIsFencedOff(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Second
+	cli := newClient(t, nil)
+	s := newStore(t, cli)
+	other := newStore(t, cli, etcd.WithPrefix(s.Prefix()))
+	alice, x, y := newCandidate("alice"), newCandidate("x"), newCandidate("y")
+	kept := mustGrant(t, s, "kept", alice, ttl)
+	lease := holderLease(t, cli, s.Prefix(), "kept")
+	st, err := s.ReadState(callCtx(t), "job") // what x's grant read
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := etcd.FenceOf(st, lease)
+	began := time.Now()
+	s.Settle("job", x.Token, 1, began, ttl, f)
+	// Then etcd applies the grant's transaction, compares and all.
+	p := s.Prefix()
+	rec := fmt.Sprintf(`{"term":1,"id":"x","acquired":%d,"ttl":%d}`, time.Now().UnixNano(), ttl)
+	resp, err := cli.Txn(callCtx(t)).If(
+		clientv3.Compare(clientv3.ModRevision(p+"names/job/holder"), "=", f.HolderRev),
+		clientv3.Compare(clientv3.ModRevision(p+"names/job/record"), "=", f.RecordRev),
+		clientv3.Compare(clientv3.ModRevision(p+"names/job/reserved"), "=", 0),
+	).Then(
+		clientv3.OpPut(p+"names/job/holder", x.Token, clientv3.WithLease(lease)),
+		clientv3.OpPut(p+"names/job/record", rec),
+		clientv3.OpPut(heldKey(p, lease, "job"), "1 "+x.Token, clientv3.WithLease(lease)),
+	).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Succeeded {
+		t.Error("a grant of unknown outcome committed after settle")
+	}
+	// x's Elector gave up; alice renews "kept", and so the shared lease.
+	for time.Since(began) < 3*ttl {
+		if _, err := s.Renew(callCtx(t), "kept", alice.Token, kept.Term, ttl); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(ttl / 4)
+	}
+	if l, granted, err := other.Acquire(callCtx(t), "job", y, ttl); err != nil || !granted {
+		t.Fatalf("another candidate's Acquire %v after the grant of unknown outcome: granted %v, %v: %+v", time.Since(began), granted, err, l)
+	}
+}
+
+// blackHole returns the address of a listener that accepts connections
+// and never answers, closed when t ends.
+func blackHole(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// blackHoleStore returns a Store on a client of a black hole.
+func blackHoleStore(t *testing.T, opts ...etcd.Option) *etcd.Store {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{blackHole(t)}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	s, err := etcd.New(cli, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// F3: a call waiting for another's grant of a lease returns when its own
+// context ends.
+func TestACallWaitingForAnothersGrantHonoursItsContext(t *testing.T) {
+	t.Parallel()
+	s := blackHoleStore(t, etcd.WithCallTimeout(time.Minute))
+	alice, bob := newCandidate("alice"), newCandidate("bob")
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer s.Close()                                                                 // ends alice's Enlist
+	wg.Go(func() { _ = s.Enlist(context.Background(), "job", alice, time.Second) }) // grants, and waits
+	time.Sleep(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err := s.Acquire(ctx, "job", bob, time.Second)
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire with a 100ms context: %v; want the context's error", err)
+	}
+	if took > 2*time.Second {
+		t.Errorf("Acquire with a 100ms context returned after %v", took)
+	}
+	t.Logf("Acquire with a 100ms context returned after %v: %v", took, err)
+}
+
+// F4: settle's verdict on a read that a later grant made stale must not
+// replace the Store's record of that grant, nor close its Lost channel.
+func TestAStaleSettleKeepsANewerGrant(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t, nil)
+	s := newStore(t, cli)
+	x, y := newCandidate("x"), newCandidate("y")
+	lx := mustGrant(t, s, "job", x, time.Minute)
+	f := etcd.Fence{Lease: holderLease(t, cli, s.Prefix(), "job")} // x's grant read a name never granted
+	st, err := s.ReadState(callCtx(t), "job")                      // settle's read, showing x's grant ...
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(callCtx(t), "job", x.Token, lx.Term); err != nil {
+		t.Fatal(err)
+	}
+	ly := mustGrant(t, s, "job", y, time.Minute) // ... stale once y is granted
+	lost := s.Lost("job", y.Token, ly.Term)
+	s.Settled("job", x.Token, lx.Term, time.Now(), time.Minute, f, st)
+	select {
+	case <-lost:
+		t.Fatal("the Lost channel of y's grant closed while y holds")
+	default:
+	}
+	if s.Lost("job", y.Token, ly.Term) == nil {
+		t.Error("the Store forgot y's grant")
+	}
+	if s.Lost("job", x.Token, lx.Term) != nil {
+		t.Error("the Store keeps x's grant, long over")
+	}
+	if _, err := s.Renew(callCtx(t), "job", y.Token, ly.Term, time.Minute); err != nil {
+		t.Errorf("y's renewal: %v", err)
+	}
+}
+
+// F5: a renewal that began after the Store's deadline for the grant (its
+// expiry timer late) is refused, and the expiry runs.
+func TestARenewalAfterTheDeadlineIsRefused(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, newClient(t, nil))
+	alice := newCandidate("alice")
+	l := mustGrant(t, s, "job", alice, time.Minute)
+	lost := s.Lost("job", alice.Token, l.Term)
+	s.SetDeadline("job", time.Now().Add(-time.Millisecond))
+	if r, err := s.Renew(callCtx(t), "job", alice.Token, l.Term, time.Minute); !errors.Is(err, leader.ErrLeaseLost) {
+		t.Fatalf("renewal after the deadline: %v, %+v; want ErrLeaseLost", err, r)
+	}
+	select {
+	case <-lost:
+	case <-time.After(waitTimeout):
+		t.Fatal("Lost channel open after a renewal refused for its deadline")
+	}
+	for deadline := time.Now().Add(waitTimeout); ; time.Sleep(10 * time.Millisecond) {
+		o, err := s.Observe(callCtx(t), "job")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !o.Held() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the key of a grant past its deadline is still there")
+		}
+	}
+}
+
+// F5: a renewal or release that Close cuts short fails with ErrClosed
+// and leader.ErrLeaseLost, as one after Close does.
+func TestARenewalOrReleaseCutShortByCloseIsLost(t *testing.T) {
+	t.Parallel()
+	s := blackHoleStore(t)
+	alice := newCandidate("alice")
+	var errs [2]error
+	var wg sync.WaitGroup
+	wg.Go(func() { _, errs[0] = s.Renew(context.Background(), "job", alice.Token, 1, time.Second) })
+	wg.Go(func() { errs[1] = s.Release(context.Background(), "job", alice.Token, 1) })
+	time.Sleep(200 * time.Millisecond)
+	s.Close()
+	wg.Wait()
+	for i, what := range []string{"Renew", "Release"} {
+		if !errors.Is(errs[i], etcd.ErrClosed) || !errors.Is(errs[i], leader.ErrLeaseLost) {
+			t.Errorf("%s cut short by Close: %v; want ErrClosed and ErrLeaseLost", what, errs[i])
+		}
+	}
+}
+
+// F5: a Store on a client without a connection of its own (NewCtxClient,
+// as an etcd proxy makes) keeps its leases alive.
+func TestAStoreOnAClientWithoutAConnection(t *testing.T) {
+	t.Parallel()
+	real := newClient(t, nil)
+	cli := clientv3.NewCtxClient(t.Context())
+	cli.KV, cli.Lease, cli.Watcher = real.KV, real.Lease, real.Watcher
+	s := newStore(t, cli)
+	alice := newCandidate("alice")
+	l := mustGrant(t, s, "job", alice, time.Minute)
+	if _, err := s.Renew(callCtx(t), "job", alice.Token, l.Term, time.Minute); err != nil {
+		t.Fatalf("renewal: %v", err)
+	}
+	mustGrant(t, s, "other", alice, time.Minute) // a keep-alive of the shared lease
+}
+
+// F5: a watch whose client is closed does not wake its watchers over and
+// over.
+func TestAWatchOfAClosedClientStaysQuiet(t *testing.T) {
+	t.Parallel()
+	cli := newClient(t, nil)
+	s := newStore(t, cli)
+	ch, err := s.Watch(t.Context(), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli.Close()
+	n := 0
+	for timeout := time.After(3 * time.Second); ; {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				t.Fatal("watch channel closed while its context lasts")
+			}
+			n++
+			continue
+		case <-timeout:
+		}
+		break
+	}
+	if n > 2 {
+		t.Errorf("%d wake-ups in 3s after the client closed", n)
 	}
 }

@@ -156,5 +156,5 @@ func (s *Store) ReleaseTo(ctx context.Context, name, token string, term uint64, 
 	case hold <= 0:
 		return fmt.Errorf("etcd: %s: the hold %v is not positive", what, hold)
 	}
-	return s.release(ctx, name, token, term, &handover{successor: successor, reason: reason, hold: hold})
+	return closedLost(s.release(ctx, name, token, term, &handover{successor: successor, reason: reason, hold: hold}))
 }

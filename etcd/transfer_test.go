@@ -1,6 +1,7 @@
 package etcd_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -98,6 +99,58 @@ func TestNamesThatLookLikeKeysAreIndependent(t *testing.T) {
 		l, err := s.Observe(callCtx(t), name)
 		if err != nil || !l.Held() || l.Term != 1 {
 			t.Errorf("Observe(%q) = %+v, %v; want held with term 1", name, l, err)
+		}
+	}
+}
+
+// F5: Lease.Reserved reports what remains of the hold, not the hold.
+func TestReservedIsWhatRemainsOfTheHold(t *testing.T) {
+	t.Parallel()
+	const hold = 3 * time.Second
+	s := newStore(t, newClient(t, nil))
+	alice, bob := newCandidate("alice"), newCandidate("bob")
+	l := mustGrant(t, s, "job", alice, time.Minute)
+	if err := s.ReleaseTo(callCtx(t), "job", alice.Token, l.Term, bob, leader.GrantTransfer, hold); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	o, err := s.Observe(callCtx(t), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Successor != bob.ID || o.Reserved <= 0 || o.Reserved > hold-900*time.Millisecond {
+		t.Fatalf("a second after a handover with a hold of %v: %+v; want reserved for bob, with at most %v left", hold, o, hold-time.Second)
+	}
+}
+
+// F5: a handover that fails (here, the lease is not held under that
+// term) revokes the lease it granted for the reservation.
+func TestAFailedHandoverRevokesItsReservationsLease(t *testing.T) {
+	t.Parallel()
+	const hold = 97 * time.Second // no other test's lease has this TTL
+	cli := newClient(t, nil)
+	s := newStore(t, cli)
+	alice, bob := newCandidate("alice"), newCandidate("bob")
+	l := mustGrant(t, s, "job", alice, time.Minute)
+	if err := s.ReleaseTo(callCtx(t), "job", alice.Token, l.Term+1, bob, leader.GrantTransfer, hold); !errors.Is(err, leader.ErrLeaseLost) {
+		t.Fatalf("handover under a term not held: %v; want ErrLeaseLost", err)
+	}
+	for deadline := time.Now().Add(waitTimeout); ; time.Sleep(50 * time.Millisecond) {
+		resp, err := cli.Leases(callCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		left := 0
+		for _, ls := range resp.Leases {
+			if ttl, err := cli.TimeToLive(callCtx(t), ls.ID); err == nil && ttl.GrantedTTL == int64(hold/time.Second) {
+				left++
+			}
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d leases of %v left %v after the failed handover", left, hold, waitTimeout)
 		}
 	}
 }

@@ -141,6 +141,14 @@ func (s *Store) runWatch(ctx context.Context, w *nameWatch, k keys, rev int64) {
 			return
 		}
 		s.wakeAll(w, false)
+		if s.client.Ctx().Err() != nil {
+			// The client is closed: no watch will start again. The
+			// watchers were woken once, and rely on expiries from now
+			// on; stay silent until the watch ends.
+			s.log.Warn("etcd: the client is closed; watch wake-ups stop", "name", w.name)
+			<-ctx.Done()
+			return
+		}
 		select {
 		case <-time.After(backoff):
 		case <-ctx.Done():
