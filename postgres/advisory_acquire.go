@@ -78,6 +78,9 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 		)
 		err = ss.do(ctx, s, true, func(conn *pgx.Conn) error {
 			l, granted, announce, err = s.acquireOn(ctx, ss, conn, name, c, ttl)
+			if err == nil && granted && !announce {
+				ss.announced = l.Term // a re-grant announces itself
+			}
 			return err
 		})
 		s.land(f, l, err)

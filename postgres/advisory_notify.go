@@ -20,7 +20,7 @@ func (s *AdvisoryStore) notifyLater(ss *session, term uint64, released bool) {
 	what, stmt := "grant", s.sql.announce
 	args := []any{ss.name, ss.token, int64(term), s.opts.Channel}
 	if released {
-		what, stmt = "release", s.sql.releaseNotice
+		what = "release"
 		args = []any{ss.name, int64(term), s.opts.Channel}
 	}
 	s.smu.Lock()
@@ -32,10 +32,24 @@ func (s *AdvisoryStore) notifyLater(ss *session, term uint64, released bool) {
 		ctx, cancel := context.WithTimeout(s.bgCtx, listenCallTimeout)
 		defer cancel()
 		err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {
-			if !released && !ss.heldUnder(term) {
-				return nil
+			switch {
+			case !released && !ss.heldUnder(term):
+				return nil // released first: the release's notice announces it
+			case released && ss.announced != term:
+				// The grant was released before its notification went
+				// out: announce it with the release, in order. Lock
+				// waiters of other processes that saw the previous holder
+				// of this backend go would otherwise take the release for
+				// that one's, and cover it (see coverage), waking no
+				// free-watcher.
+				stmt = s.sql.announcedReleaseNotice
+			case released:
+				stmt = s.sql.releaseNotice
 			}
 			_, err := conn.Exec(ctx, stmt, args...)
+			if err == nil && !released {
+				ss.announced = term
+			}
 			return err
 		})
 		if err == nil || errors.Is(err, errNotHeld) || errors.Is(err, errSessionGone) {

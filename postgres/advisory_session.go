@@ -50,6 +50,9 @@ type session struct {
 	holderID string
 	lost     chan struct{} // while held: closed when the lease is known lost
 	lastUsed time.Time
+	// announced is the last term whose grant's notification this session
+	// sent (see notifyLater); owned by whoever holds turn.
+	announced uint64
 }
 
 // session returns the session for name and token, creating it (without

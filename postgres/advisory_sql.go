@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, unlock, observe, waiter, reserved, heldHere, request string
+	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, announcedReleaseNotice, unlock, observe, waiter, reserved, heldHere, request string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -371,6 +371,12 @@ SELECT count(*) FROM released`),
 		// them. Lock waiters cover it (see coverage), so it wakes only the
 		// followers of a process without one.
 		releaseNotice: fill(`SELECT pg_notify($3, {freed}) FROM {t} AS a
+	WHERE a.name = $1 AND a.term = $2 AND a.holder_token IS NULL`),
+
+		// Announced release notice: releaseNotice for a grant whose own
+		// notification never went out (released first), preceded by it,
+		// in one transaction, so that listeners get the two in order.
+		announcedReleaseNotice: fill(`SELECT pg_notify($3, {grant}), pg_notify($3, {freed}) FROM {t} AS a
 	WHERE a.name = $1 AND a.term = $2 AND a.holder_token IS NULL`),
 
 		// Unlock, the second statement of a release: $1 key. Unlocks, then
