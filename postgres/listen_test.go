@@ -288,7 +288,6 @@ func TestParsePayload(t *testing.T) {
 func TestWatchFreeSkipsGrants(t *testing.T) {
 	t.Parallel()
 
-
 	b := setup(t)
 	// The same names on both strategies: the advisory store looks for the
 	// lease strategy's leases in a lease table of its own, so that it is

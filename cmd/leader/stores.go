@@ -94,8 +94,8 @@ type storeSpec struct {
 	kind     storeKind
 	raw      string // as given (may hold a password: never print it)
 	display  string
-	dir      string // fileStore
-	strategy string // postgresStore: strategyLease or strategyAdvisory; see withStrategy
+	dir      string    // fileStore
+	strategy string    // postgresStore: strategyLease or strategyAdvisory; see withStrategy
 	etcd     *etcdSpec // etcdStore
 	// election, when set (status and watch), has a PostgreSQL store opened
 	// with the strategy the store records for this election, and with
