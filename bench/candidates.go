@@ -160,13 +160,7 @@ func electorCandidates(store leader.Store, spec childSpec, logger *slog.Logger, 
 // server as etcd's election. The store keeps each name on an etcd lease
 // of ceil(TTL) seconds, at least the server's minimum (2s).
 func leaderEtcdBackend(spec childSpec, logger *slog.Logger) (*backend, error) {
-	counter := &grpcCounter{}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   []string{spec.Etcd},
-		DialTimeout: 5 * time.Second,
-		DialOptions: counter.dialOptions(),
-		Logger:      zap.NewNop(),
-	})
+	cli, counter, err := countedEtcdClient(spec)
 	if err != nil {
 		return nil, err
 	}
@@ -414,10 +408,9 @@ func clientGoBackend(spec childSpec) (*backend, error) {
 
 // --- etcd's concurrency.Election ---
 
-// etcdPrefix is the key prefix of an election on etcd.
-func etcdPrefix(name string) string { return "/leaderbench/" + name }
-
-func etcdBackend(spec childSpec) (*backend, error) {
+// countedEtcdClient returns a client of spec's etcd server whose gRPC
+// requests counter counts.
+func countedEtcdClient(spec childSpec) (*clientv3.Client, *grpcCounter, error) {
 	counter := &grpcCounter{}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   []string{spec.Etcd},
@@ -425,6 +418,14 @@ func etcdBackend(spec childSpec) (*backend, error) {
 		DialOptions: counter.dialOptions(),
 		Logger:      zap.NewNop(),
 	})
+	return cli, counter, err
+}
+
+// etcdPrefix is the key prefix of an election on etcd.
+func etcdPrefix(name string) string { return "/leaderbench/" + name }
+
+func etcdBackend(spec childSpec) (*backend, error) {
+	cli, counter, err := countedEtcdClient(spec)
 	if err != nil {
 		return nil, err
 	}
