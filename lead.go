@@ -218,6 +218,7 @@ loop:
 			if e.cfg.HandOverOnStop && ts != nil {
 				if to, err := e.successor(ctx, ts, "", nil); err == nil {
 					handover = &handoff{to: to, reason: GrantTransfer}
+					e.prepare(ctx, ts, term, handover)
 				} else {
 					e.log.Info("no other candidate to hand over to; releasing", slog.Any("error", err))
 				}
@@ -241,13 +242,16 @@ loop:
 				call.done <- transferOutcome{err: err}
 				continue
 			}
-			reason, handover = stop(LossTransferred), &handoff{to: to, reason: GrantTransfer, call: &call}
+			handover = &handoff{to: to, reason: GrantTransfer, call: &call}
+			e.prepare(ctx, ts, term, handover)
+			reason = stop(LossTransferred)
 			break loop
 		case req := <-t.requested:
 			if ts == nil {
 				continue
 			}
 			if h := e.consider(ctx, ts, t, req, sent); h != nil {
+				e.prepare(ctx, ts, term, h)
 				reason, handover = stop(LossTransferred), h
 				break loop
 			}
@@ -329,6 +333,9 @@ loop:
 
 	switch {
 	case !releasing:
+		if handover != nil && handover.prepared != nil {
+			handover.prepared.Abort()
+		}
 		if handover != nil && handover.call != nil {
 			handover.call.done <- transferOutcome{err: fmt.Errorf("leader: transfer %q: leadership ended (%s) before the handover: %w", e.cfg.Name, reason, ErrNotLeader)}
 		}

@@ -39,8 +39,11 @@ type Metrics interface {
 	Acquired(name string, term uint64)
 	// Lost is called once per leadership lost, with the reason.
 	Lost(name string, reason LossReason)
-	// StoreCall is called after each store call: op is "acquire", "renew",
-	// "release" or "observe"; err is the call's error, if any.
+	// StoreCall is called after each store call: op is "acquire",
+	// "renew", "release" (a handover's too) or "observe", and, on a store
+	// that can hand leases over, "enlist", "withdraw", "candidates",
+	// "request_transfer" or "prepare_handover"; err is the call's error,
+	// if any.
 	StoreCall(name, op string, took time.Duration, err error)
 }
 

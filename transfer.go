@@ -112,6 +112,43 @@ type HandoverWatcher interface {
 	WatchFreeFor(ctx context.Context, name string, c Candidate) (<-chan struct{}, error)
 }
 
+// HandoverPreparer is implemented by a Transferer that can have a
+// handover's successor wait on the store for the release, so that the
+// successor's grant runs as the release commits, with no notification and
+// no round trip of the successor's between them. The Elector prepares each
+// handover on a store that offers it before its leadership ends, and hands
+// over with PreparedHandover.Commit instead of Transferer.ReleaseTo; a
+// preparation that fails, or that the successor does not answer, costs the
+// handover only that speed. The PostgreSQL lease store implements it.
+type HandoverPreparer interface {
+	// PrepareHandover tells successor that name's lease, held by token
+	// under term, is about to be handed to it. The successor's next
+	// Acquire of name then waits on the store until the handover is
+	// committed or aborted (for at most a bound that the store
+	// documents, after which it is an ordinary attempt). It changes
+	// nothing of the lease, which stays held and can be renewed.
+	// PrepareHandover returns once the successor waits, or once wait has
+	// passed (the handover works either way). The caller must end the
+	// returned handover with Commit or Abort.
+	PrepareHandover(ctx context.Context, name, token string, term uint64, successor Candidate, wait time.Duration) (PreparedHandover, error)
+}
+
+// PreparedHandover is a handover that HandoverPreparer prepared.
+type PreparedHandover interface {
+	// Commit does what Transferer.ReleaseTo does for the prepared
+	// handover, and then lets the successor's waiting Acquire run, which
+	// is granted the lease with the next term. It returns an error
+	// wrapping ErrLeaseLost if the lease was not held by the token under
+	// the term any more. A PreparedHandover is used once: after Commit,
+	// Commit fails and Abort does nothing.
+	Commit(ctx context.Context, reason GrantReason, hold time.Duration) error
+
+	// Abort ends the preparation without releasing anything: a waiting
+	// Acquire of the successor runs at once and finds the lease as it
+	// stands. After Commit or Abort it does nothing.
+	Abort()
+}
+
 // EnlistFactor is how many TTLs a candidate's entry among a name's
 // candidates lasts when a Transferer's Acquire enlists it (see
 // Transferer), and when the Elector enlists: an entry outlives two missed

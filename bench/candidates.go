@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -206,8 +207,8 @@ func (c *electorCandidate) transfer(ctx context.Context, to string) (leader.Leas
 // that readiness costs the Elector nothing: no OnNewLeader goroutine), and
 // h.enlisted after each Enlist that succeeds and each Acquire that is
 // answered without a grant (which enlists, see leader.Transferer), and to
-// count Acquire calls in calls. It keeps the store's LossNotifier and Transferer, which the
-// Elector looks for.
+// count Acquire calls in calls. It keeps the store's LossNotifier,
+// Transferer and HandoverPreparer, which the Elector looks for.
 func readyStore(store leader.Store, h hooks, calls *atomic.Int64) leader.Store {
 	w := &acquireHook{Store: store, ready: h.ready, calls: calls}
 	ln, loss := store.(leader.LossNotifier)
@@ -217,7 +218,26 @@ func readyStore(store leader.Store, h hooks, calls *atomic.Int64) leader.Store {
 		th = &transferHook{Transferer: ts, enlisted: h.enlisted}
 		w.enlisted = h.enlisted
 	}
+	hp, prepares := store.(leader.HandoverPreparer)
+	prepares = prepares && os.Getenv(envNoPrepare) == ""
+	var ph *prepareHook
+	if prepares {
+		ph = &prepareHook{hp}
+	}
 	switch {
+	case loss && transfers && prepares:
+		return &struct {
+			*acquireHook
+			leader.LossNotifier
+			*transferHook
+			*prepareHook
+		}{w, ln, th, ph}
+	case transfers && prepares:
+		return &struct {
+			*acquireHook
+			*transferHook
+			*prepareHook
+		}{w, th, ph}
 	case loss && transfers:
 		return &struct {
 			*acquireHook
@@ -304,6 +324,41 @@ func (s *transferHook) Enlist(ctx context.Context, name string, c leader.Candida
 func (s *transferHook) ReleaseTo(ctx context.Context, name, token string, term uint64, successor leader.Candidate, reason leader.GrantReason, hold time.Duration) error {
 	tracef("release-to %s start", successor.ID)
 	err := s.Transferer.ReleaseTo(ctx, name, token, term, successor, reason, hold)
+	tracef("release-to end err=%v", err)
+	return err
+}
+
+// envNoPrepare, when set in the bench's environment (the children
+// inherit it), hides the store's leader.HandoverPreparer from the
+// Electors, which then hand over with ReleaseTo: an A/B comparison of
+// prepared handovers on one machine.
+const envNoPrepare = "LEADERBENCH_NO_PREPARE"
+
+// prepareHook passes on the store's leader.HandoverPreparer, tracing the
+// preparation and its Commit (see envTrace).
+type prepareHook struct {
+	hp leader.HandoverPreparer
+}
+
+func (s *prepareHook) PrepareHandover(ctx context.Context, name, token string, term uint64, successor leader.Candidate, wait time.Duration) (leader.PreparedHandover, error) {
+	tracef("prepare %s start", successor.ID)
+	p, err := s.hp.PrepareHandover(ctx, name, token, term, successor, wait)
+	tracef("prepare end err=%v", err)
+	if err != nil {
+		return nil, err
+	}
+	return &tracedHandover{p, successor.ID}, nil
+}
+
+// tracedHandover traces the Commit of a prepared handover as ReleaseTo's.
+type tracedHandover struct {
+	leader.PreparedHandover
+	to string
+}
+
+func (h *tracedHandover) Commit(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
+	tracef("release-to %s start", h.to)
+	err := h.PreparedHandover.Commit(ctx, reason, hold)
 	tracef("release-to end err=%v", err)
 	return err
 }

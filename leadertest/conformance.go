@@ -45,7 +45,11 @@ import (
 // one that implements leader.Transferer the transfer subtests: handovers
 // to a named successor and to a gone one, concurrent requests, and a
 // handover that races the lease's expiry; and if it implements
-// leader.HandoverWatcher too, the subtests of whom a handover wakes.
+// leader.HandoverWatcher too, the subtests of whom a handover wakes, and
+// if it also implements leader.HandoverPreparer, the subtests of prepared
+// handovers (the successor's first Acquire after the preparation's
+// wake-up is granted by the commit; an abort grants nothing; a
+// preparation ends once).
 func TestStore(t *testing.T, newStore func(t *testing.T) leader.Store) {
 	t.Helper()
 	cases := conformanceCases
@@ -60,6 +64,9 @@ func TestStore(t *testing.T, newStore func(t *testing.T) leader.Store) {
 		cases = append(slices.Clip(cases), transfererCases...)
 		if _, ok := first.(leader.HandoverWatcher); ok {
 			cases = append(slices.Clip(cases), handoverWatcherCases...)
+			if _, ok := first.(leader.HandoverPreparer); ok {
+				cases = append(slices.Clip(cases), preparerCases...)
+			}
 		}
 	}
 	for _, c := range cases {

@@ -14,7 +14,8 @@ import (
 	"github.com/leaderelect/leader"
 )
 
-// ErrClosed is returned (wrapped) by Watch on a LeaseStore that was closed.
+// ErrClosed is returned (wrapped) by Watch and PrepareHandover on a
+// LeaseStore that was closed.
 var ErrClosed = errors.New("postgres: lease store closed")
 
 // wrapError says what failed ("renew \"nightly\"", "migrate"), and classifies err so

@@ -50,9 +50,13 @@ type wakeups struct {
 	// release notifications not to wake the free-watchers with (see
 	// coverage).
 	covered map[string]*coverage
-	closed  bool
-	stop    context.CancelFunc // stops the listener; nil until the first Watch
-	stopped chan struct{}      // closed when the listener has returned
+	// prepared holds, by name, the handover prepared for a candidate of
+	// this store's (see LeaseStore.PrepareHandover): its token, and when
+	// the notice came.
+	prepared map[string]preparation
+	closed   bool
+	stop     context.CancelFunc // stops the listener; nil until the first Watch
+	stopped  chan struct{}      // closed when the listener has returned
 
 	// pingEvery is listenPingEvery; tests shorten it.
 	pingEvery time.Duration
@@ -70,6 +74,7 @@ func newWakeups(d dialer, opts Options, what string) wakeups {
 		watchers:  make(map[string]map[chan struct{}]watcher),
 		deferred:  make(map[string]*time.Timer),
 		covered:   make(map[string]*coverage),
+		prepared:  make(map[string]preparation),
 		pingEvery: listenPingEvery,
 	}
 }
@@ -321,7 +326,31 @@ const (
 	// eventCovered is a release that name's lock waiter covers (see
 	// coverage): it wakes only the watchers of every event.
 	eventCovered
+	// eventPrepare is a handover prepared for the candidate of token
+	// (see LeaseStore.PrepareHandover): it wakes that candidate's
+	// free-watchers alone, so that it tries, and waits for the handover.
+	eventPrepare
 )
+
+// preparation is a handover prepared for a candidate whose token is
+// token, as a notice told it at at.
+type preparation struct {
+	token string
+	at    time.Time
+}
+
+// takePrepared reports whether a handover of name was prepared for the
+// candidate of token less than preparedFor ago, and forgets it.
+func (w *wakeups) takePrepared(name, token string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, ok := w.prepared[name]
+	if !ok || p.token != token {
+		return false
+	}
+	delete(w.prepared, name)
+	return time.Since(p.at) < preparedFor
+}
 
 // notice is an event of a name, and for a handover, the successor's
 // token and how long the lease is reserved for it.
@@ -337,6 +366,18 @@ type notice struct {
 // wake-up due when its reservation runs out (see deferLocked); a grant
 // or a release calls that off.
 func (w *wakeups) wakeNameLocked(n notice) {
+	if n.ev == eventPrepare {
+		if w.prepared == nil {
+			w.prepared = make(map[string]preparation)
+		}
+		w.prepared[n.name] = preparation{token: n.token, at: time.Now()}
+		for ch, wt := range w.watchers[n.name] {
+			if wt.kind == watchFree && wt.token == n.token {
+				notify(ch)
+			}
+		}
+		return
+	}
 	later := false
 	for ch, wt := range w.watchers[n.name] {
 		switch {
@@ -402,11 +443,16 @@ func notify(ch chan struct{}) {
 // reservation's length in microseconds, ",", the length in bytes of the
 // successor's token, ":", the token, and name. A payload too long is
 // sent as the release's, and a name too long for that as the empty
-// payload, which wakes every watcher.
+// payload, which wakes every watcher. A prepared handover's notice
+// (LeaseStore.PrepareHandover) is "~p", the length in bytes of the
+// successor's token, ":", the token, and name; it is not sent when too
+// long. (A store of a version before it takes it for the release of a
+// name that begins with "~p", a wake-up of nobody.)
 const (
 	payloadGrant    = "~g"
 	payloadRelease  = "~r"
 	payloadHandover = "~h"
+	payloadPrepare  = "~p"
 )
 
 // parsePayload returns the notice of a NOTIFY payload; its name is empty
@@ -420,6 +466,11 @@ func parsePayload(payload string) notice {
 		return notice{name: payload[len(payloadRelease):], ev: eventRelease}
 	case strings.HasPrefix(payload, payloadHandover):
 		if n, ok := parseHandover(payload[len(payloadHandover):]); ok {
+			return n
+		}
+		return notice{name: payload, ev: eventRelease}
+	case strings.HasPrefix(payload, payloadPrepare):
+		if n, ok := parsePrepare(payload[len(payloadPrepare):]); ok {
 			return n
 		}
 		return notice{name: payload, ev: eventRelease}
@@ -445,6 +496,20 @@ func parseHandover(p string) (notice, bool) {
 		return notice{}, false
 	}
 	return notice{name: rest[size:], ev: eventHandover, token: rest[:size], hold: time.Duration(hold) * time.Microsecond}, true
+}
+
+// parsePrepare parses the rest of a prepared handover's payload, after
+// its marker.
+func parsePrepare(p string) (notice, bool) {
+	n, rest, ok := strings.Cut(p, ":")
+	if !ok {
+		return notice{}, false
+	}
+	size, err := strconv.Atoi(n)
+	if err != nil || size <= 0 || size >= len(rest) {
+		return notice{}, false
+	}
+	return notice{name: rest[size:], ev: eventPrepare, token: rest[:size]}, true
 }
 
 func (w *wakeups) wakeAllLocked() {

@@ -272,6 +272,13 @@ func TestParsePayload(t *testing.T) {
 		{"~hx,3:tokjobs", notice{name: "~hx,3:tokjobs", ev: eventRelease}},
 		{"~h-1,3:tokjobs", notice{name: "~h-1,3:tokjobs", ev: eventRelease}},
 		{"~h15", notice{name: "~h15", ev: eventRelease}},
+		{"~p3:tokjobs", notice{name: "jobs", ev: eventPrepare, token: "tok"}},
+		{"~p2:t:~jobs", notice{name: "~jobs", ev: eventPrepare, token: "t:"}},
+		// Preparations that do not parse are taken for releases.
+		{"~p3:tok", notice{name: "~p3:tok", ev: eventRelease}},
+		{"~p0:jobs", notice{name: "~p0:jobs", ev: eventRelease}},
+		{"~px:tokjobs", notice{name: "~px:tokjobs", ev: eventRelease}},
+		{"~p3tokjobs", notice{name: "~p3tokjobs", ev: eventRelease}},
 		{"~", notice{name: "~", ev: eventRelease}},
 		{"", notice{}},
 	} {

@@ -131,6 +131,46 @@
 // of versions before transfers ignore reservations and leave them on the
 // row: upgrade them all before relying on handovers.
 //
+// # Prepared handovers
+//
+// The LeaseStore also implements [leader.HandoverPreparer], with which the
+// Elector prepares each handover while it still leads, so that the
+// successor waits on the server and its grant runs as the release
+// commits: the leaderless gap is then the release's round trip and the
+// successor's statement, without a notification or a round trip of the
+// successor's between them. PrepareHandover takes, on a connection that
+// it keeps (from a second small pool of the store's own, for prepared
+// handovers alone, so that waits never hold up renewals; see
+// Options.MaxConns), a session-level advisory lock whose two int4 keys
+// are 1724485689 (the first 4 bytes of the SHA-256 of "leader:handover")
+// and a hash of the table and the name, and sends a NOTIFY whose payload
+// names the successor's token ("~p"). The successor's store, told by its
+// listener, wakes the successor's follower alone; its next Acquire sends,
+// in one round trip, a transaction that waits for that lock in shared
+// mode (pg_advisory_xact_lock_shared, bounded by lock_timeout: a quarter
+// of its TTL, and never past half of what its context leaves) and then
+// runs the acquire statement, whose snapshot shows the release. Commit
+// sends the release of ReleaseTo and then, in a transaction of its own,
+// the unlock, in one round trip; when the successor waited, the release's
+// NOTIFY is sent only 5 ms later, by the same round trip, and only if the
+// lease is still free (a NOTIFY wakes the backend and the process of every
+// listener, which would compete for the CPU with the successor's grant).
+// PrepareHandover returns once the
+// successor waits (it looks in pg_locks every millisecond), or after the
+// wait it was given.
+//
+// The lease's row is not locked: the lease stays held and renewable while
+// the handover is prepared, and other candidates are not held up. The
+// grant is the ordinary acquire statement, judged on the row, so a
+// preparation changes when the successor tries, never what it is granted.
+// An Abort, or the preparer's session ending (its process killed), lets
+// the successor's statement run at once, and it finds the lease still
+// held; a preparer that stalls (paused) holds it up for its lock_timeout,
+// after which it is an ordinary attempt. A preparation needs a session of
+// its own: behind a transaction-pooling proxy PrepareHandover fails, and
+// the Elector hands over with ReleaseTo. Close aborts the preparations
+// not yet ended. The advisory strategy does not prepare handovers.
+//
 // # Connection poolers
 //
 // A transaction-pooling proxy such as PgBouncer cannot keep session state
@@ -474,8 +514,12 @@ import (
 // names. Create it with NewLeaseStore after Migrate, and Close it when done.
 type LeaseStore struct {
 	pool *pgxpool.Pool
-	opts Options
-	sql  statements
+	// waits are the connections of prepared handovers (see
+	// PrepareHandover): the preparer's, and successors' that wait for
+	// one, apart from pool so that they never hold up renewals.
+	waits *pgxpool.Pool
+	opts  Options
+	sql   statements
 	wakeups
 	candidates
 	renewals *renewBatcher
@@ -486,6 +530,12 @@ type LeaseStore struct {
 	// sweepRefused says once that the role may not delete them.
 	sweepDue     atomic.Bool
 	sweepRefused sync.Once
+	// preps are the handovers prepared and not yet ended (see
+	// PrepareHandover).
+	preps preparations
+	// waitedGrants counts the grants of Acquire statements that waited
+	// for a prepared handover (acquireWaiting); tests read it.
+	waitedGrants atomic.Int64
 }
 
 var (
@@ -514,8 +564,14 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 	if err != nil {
 		return nil, err
 	}
+	waits, err := newOwnPool(pool, opts, d.hosts)
+	if err != nil {
+		own.Close()
+		return nil, err
+	}
 	s := &LeaseStore{
 		pool:    own,
+		waits:   waits,
 		opts:    opts,
 		sql:     newStatements(opts),
 		beatSQL: newBeatStatements(opts),
@@ -534,14 +590,20 @@ func (s *LeaseStore) Options() Options { return s.opts }
 // that only new sessions see (an ALTER DATABASE ... SET, say); a
 // connection broken by a failover or restart is replaced anyway, after one
 // call fails on it.
-func (s *LeaseStore) ResetConnections() { s.pool.Reset() }
+func (s *LeaseStore) ResetConnections() {
+	s.pool.Reset()
+	s.waits.Reset()
+}
 
-// Close stops the store's wake-up listener and closes its own
-// connections; calls made after it fail. It does not close the pool given
-// to NewLeaseStore.
+// Close stops the store's wake-up listener, aborts the handovers it
+// prepared that were neither committed nor aborted (see PrepareHandover),
+// and closes its own connections; calls made after it fail. It does not
+// close the pool given to NewLeaseStore.
 func (s *LeaseStore) Close() {
 	s.wakeups.Close()
+	s.preps.close()
 	s.pool.Close()
+	s.waits.Close()
 }
 
 // leaseRow is a lease as the statements return it.
@@ -617,10 +679,27 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 		notified      int64
 		err           error
 	)
-	for claimed := false; ; claimed = true {
+	dest := append([]any{&granted, &r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining, &notified, &mine},
+		r.transfer.dest()...)
+	waited := false
+	if s.takePrepared(name, c.Token) {
+		// A handover to c is prepared: wait for it, for a quarter of the
+		// TTL at most, and never past half of what ctx leaves.
+		wait := ttl / 4
+		if d, ok := ctx.Deadline(); ok {
+			wait = min(wait, time.Until(d)/2)
+		}
+		if wait >= time.Millisecond {
+			waited, err = s.acquireWaiting(ctx, name, c, ttl, wait, dest)
+			if err != nil {
+				return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
+			}
+		}
+	}
+	waited = waited && mine // else the statement below claims the name, and tries again
+	for claimed := false; !waited; claimed = true {
 		err = s.pool.QueryRow(ctx, s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)).
-			Scan(append([]any{&granted, &r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining, &notified, &mine},
-				r.transfer.dest()...)...)
+			Scan(dest...)
 		if err != nil || mine || claimed {
 			break
 		}
@@ -647,6 +726,9 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 		return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
 	}
 	l := r.lease(name)
+	if granted && waited {
+		s.waitedGrants.Add(1)
+	}
 	if granted {
 		l.Remaining = min(l.Remaining, ttl)
 		s.renewals.granted(name, c.Token, r.term, ttl)

@@ -10,6 +10,10 @@ const maxPayloadLength = MaxNotifyPayloadLen
 // statements are the store's SQL, with the table name filled in.
 type statements struct {
 	acquire, renewBatch, release, observe, request string
+	// releaseQuiet is release without its NOTIFY, and freedNotice sends
+	// that NOTIFY if the lease is still free (a prepared handover's
+	// Commit: see preparedHandover.Commit).
+	releaseQuiet, freedNotice string
 }
 
 // expiry returns the SQL expression for when the lease of row l runs out,
@@ -49,6 +53,21 @@ var freedPayload = fmt.Sprintf(`CASE WHEN successor_token IS NOT NULL AND reserv
 
 func newStatements(opts Options) statements {
 	table, hb, st := opts.qualifiedTable(), opts.qualifiedHeartbeatTable(), opts.qualifiedStrategyTable()
+	release := func(notify string) string {
+		return fmt.Sprintf(`
+WITH released AS (
+	UPDATE %[1]s AS l
+	SET (holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, released_at, %[4]s) = (
+		NULL, '', NULL, NULL, NULL, NULL, c.now, NULL, NULL, NULL, $5, $6, $7, c.now + $8::interval)
+	FROM clock_timestamp() AS c(now)
+	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
+		AND %[3]s > clock_timestamp()
+	RETURNING l.name, l.successor_token, l.reserved_until
+), notified AS (
+	SELECT %[2]s FROM released
+)
+SELECT count(*) FROM notified`, table, notify, expiry(hb), clearedTransfer)
+	}
 	return statements{
 		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel,
 		// $6 priority.
@@ -188,19 +207,13 @@ RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_
 		// for a plain release), and sends the wake-up in the same
 		// statement (it is delivered when the statement commits).
 		// Returns 1 if released.
-		release: fmt.Sprintf(`
-WITH released AS (
-	UPDATE %[1]s AS l
-	SET (holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, released_at, %[4]s) = (
-		NULL, '', NULL, NULL, NULL, NULL, c.now, NULL, NULL, NULL, $5, $6, $7, c.now + $8::interval)
-	FROM clock_timestamp() AS c(now)
-	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
-		AND %[3]s > clock_timestamp()
-	RETURNING l.name, l.successor_token, l.reserved_until
-), notified AS (
-	SELECT pg_notify($4, %[2]s) FROM released
-)
-SELECT count(*) FROM notified`, table, freedPayload, expiry(hb), clearedTransfer),
+		release:      release(`pg_notify($4, ` + freedPayload + `)`),
+		releaseQuiet: release(`$4::text`),
+
+		// The NOTIFY of a release, if the lease is still free: $1 name,
+		// $2 channel. Returns a row if it sent one.
+		freedNotice: fmt.Sprintf(`
+SELECT pg_notify($2, %[2]s) FROM %[1]s WHERE name = $1 AND holder_token IS NULL`, table, freedPayload),
 
 		// Observe: $1 name.
 		observe: fmt.Sprintf(`

@@ -1,0 +1,427 @@
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leaderelect/leader"
+)
+
+// handoverClass is the first of the two int4 keys of the advisory lock on
+// which a prepared handover's successor waits (see "Prepared handovers"
+// in the package documentation): the first 4 bytes of the SHA-256 of
+// "leader:handover", read as a big-endian int4. It is positive, so
+// pg_locks shows it as it is.
+const handoverClass = 1724485689
+
+// Timing of prepared handovers.
+const (
+	// preparePoll is how often PrepareHandover looks whether the
+	// successor waits.
+	preparePoll = time.Millisecond
+	// preparedFor is how long after a preparation's notice the
+	// successor's Acquire waits for the handover: an Acquire later than
+	// that is an ordinary one.
+	preparedFor = 5 * time.Second
+	// waitsConnWait bounds how long a successor's Acquire waits for one
+	// of the store's connections for prepared handovers before it tries
+	// as usual instead.
+	waitsConnWait = 100 * time.Millisecond
+)
+
+// handoverKey returns the second key of the advisory lock of name's
+// prepared handovers: the first 4 bytes of the SHA-256 of the lease
+// table's qualified name and name, so that two tables' names of the same
+// spelling do not share it. Two names that do share it only make a
+// preparation wait for the other's, or fail.
+func (s *LeaseStore) handoverKey(name string) int32 {
+	sum := sha256.Sum256([]byte("leader:handover:" + s.opts.qualifiedTable() + "\x00" + name))
+	return int32(binary.BigEndian.Uint32(sum[:4]))
+}
+
+// preparedHandover is a handover that LeaseStore.PrepareHandover
+// prepared: the connection that holds the advisory lock on which the
+// successor waits, until Commit or Abort.
+type preparedHandover struct {
+	s           *LeaseStore
+	name, token string
+	term        uint64
+	successor   leader.Candidate
+	key         int32
+	mu          sync.Mutex
+	conn        *pgxpool.Conn // nil once ended
+	waited      bool          // the successor waited when PrepareHandover returned
+}
+
+// handoverUnlock frees a prepared handover's lock: $1 handoverClass, $2
+// the name's key.
+const handoverUnlock = `SELECT pg_advisory_unlock($1, $2)`
+
+// The names of Commit's statements, prepared on the preparation's
+// connection (pgx keeps them with the connection, so that a connection
+// prepares each once).
+const (
+	handoverReleaseStmt      = "leader_handover_release"
+	handoverReleaseQuietStmt = "leader_handover_release_quiet"
+	handoverUnlockStmt       = "leader_handover_unlock"
+	handoverSleepStmt        = "leader_handover_sleep"
+	handoverNoticeStmt       = "leader_handover_notice"
+)
+
+// handoverNoticeDelay is how long after a prepared handover's unlock its
+// Commit sends the release's NOTIFY, if the lease is still free then,
+// when the successor waited for it: the successor, granted by then in
+// most handovers, does not need it, and the notification wakes every
+// listener's backend and process, which would otherwise compete for the
+// CPU with the successor's grant.
+const handoverNoticeDelay = 5 * time.Millisecond
+
+var _ leader.HandoverPreparer = (*LeaseStore)(nil)
+
+// PrepareHandover implements leader.HandoverPreparer. On a connection of
+// its own, which it keeps until Commit or Abort, it takes the advisory
+// lock of name's prepared handovers (a session lock; see "Prepared
+// handovers" in the package documentation) and sends a NOTIFY that names
+// the successor's token. The successor's store, told by its listener,
+// makes the successor's next Acquire wait for that lock in the
+// transaction of its statement. PrepareHandover then looks in pg_locks
+// every millisecond until the successor waits, or wait has passed.
+//
+// It prepares nothing and returns an error if the connection is not a
+// session of its own (a transaction-pooling proxy, see ErrPooledSession),
+// if another preparation of the name holds the lock, or if the name and
+// token are too long for a NOTIFY payload. The lease is not touched: it
+// stays held, and can be renewed.
+func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, term uint64, successor leader.Candidate, wait time.Duration) (leader.PreparedHandover, error) {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
+	const op = "prepare handover of"
+	what := fmt.Sprintf("%s %q term %d to %s", op, name, term, successor.ID)
+	payload := payloadPrepare + strconv.Itoa(len(successor.Token)) + ":" + successor.Token + name
+	switch {
+	case successor.Token == "":
+		return nil, fmt.Errorf("postgres: %s: the successor has no token", what)
+	case len(payload) > maxPayloadLength:
+		return nil, fmt.Errorf("postgres: %s: the name and the successor's token are too long for a NOTIFY payload (%d bytes, at most %d)", what, len(payload), maxPayloadLength)
+	}
+	actx, cancelAcquire := context.WithTimeout(ctx, max(wait, waitsConnWait))
+	conn, err := s.waits.Acquire(actx)
+	cancelAcquire()
+	if err != nil {
+		return nil, wrapError(ctx, what, err)
+	}
+	p := &preparedHandover{s: s, name: name, token: token, term: term, successor: successor, key: s.handoverKey(name), conn: conn}
+	// The lock is taken only where the statement runs in the backend
+	// that the connection started with: behind a transaction-pooling
+	// proxy it would stay with a server connection that others use.
+	var locked bool
+	err = conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2) FROM (SELECT) AS x WHERE pg_backend_pid()::bigint = $3::bigint`,
+		int32(handoverClass), p.key, int64(conn.Conn().PgConn().PID())).Scan(&locked)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		p.release() // it took no lock
+		return nil, fmt.Errorf("postgres: %s: %w: a prepared handover needs one", what, ErrPooledSession)
+	case err != nil:
+		p.drop() // whether the lock was taken is unknown
+		return nil, wrapError(ctx, what, err)
+	case !locked:
+		p.release()
+		return nil, fmt.Errorf("postgres: %s: another handover of the name is being prepared", what)
+	}
+	// Commit's statements are prepared now, so that the commit is one
+	// round trip in which the server neither parses nor plans.
+	for _, st := range []struct{ name, sql string }{
+		{handoverReleaseStmt, s.sql.release},
+		{handoverReleaseQuietStmt, s.sql.releaseQuiet},
+		{handoverUnlockStmt, handoverUnlock},
+		{handoverSleepStmt, `SELECT pg_sleep($1)`},
+		{handoverNoticeStmt, s.sql.freedNotice},
+	} {
+		if _, err = conn.Conn().Prepare(ctx, st.name, st.sql); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		_, err = conn.Exec(ctx, `SELECT pg_notify($1, $2)`, s.opts.Channel, payload)
+	}
+	if err != nil {
+		p.Abort()
+		return nil, wrapError(ctx, what, err)
+	}
+	p.waited, err = p.awaitSuccessor(ctx, wait)
+	if err != nil {
+		p.Abort()
+		return nil, wrapError(ctx, what, err)
+	}
+	// Recorded only now, so that Close never uses the connection at the
+	// same time as the statements above (it waits for it instead).
+	if !s.preps.add(p) {
+		p.Abort()
+		return nil, fmt.Errorf("postgres: %s: %w", what, ErrClosed)
+	}
+	return p, nil
+}
+
+// awaitSuccessor looks in pg_locks every preparePoll until a session
+// waits for p's lock, or wait has passed, and reports whether one did.
+func (p *preparedHandover) awaitSuccessor(ctx context.Context, wait time.Duration) (bool, error) {
+	until := time.Now().Add(wait)
+	for {
+		var waiting bool
+		err := p.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks AS l
+	WHERE l.locktype = 'advisory'
+		AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+		AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 2 AND NOT l.granted)`,
+			int64(handoverClass), int64(uint32(p.key))).Scan(&waiting)
+		left := time.Until(until)
+		if err != nil || waiting || left <= 0 {
+			return waiting, err
+		}
+		t := time.NewTimer(min(preparePoll, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// take returns p's connection and marks p ended, or nil if it was.
+func (p *preparedHandover) take() *pgxpool.Conn {
+	p.mu.Lock()
+	c := p.conn
+	p.conn = nil
+	p.mu.Unlock()
+	if c != nil {
+		p.s.preps.remove(p)
+	}
+	return c
+}
+
+// preparations are a store's prepared handovers not yet ended, which
+// Close aborts: each holds one of the store's connections, and the pool
+// waits for it to close.
+type preparations struct {
+	mu     sync.Mutex
+	open   map[*preparedHandover]struct{}
+	closed bool
+}
+
+// add records p, unless the store is closed.
+func (ps *preparations) add(p *preparedHandover) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.closed {
+		return false
+	}
+	if ps.open == nil {
+		ps.open = make(map[*preparedHandover]struct{})
+	}
+	ps.open[p] = struct{}{}
+	return true
+}
+
+func (ps *preparations) remove(p *preparedHandover) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	delete(ps.open, p)
+}
+
+// close aborts every open preparation, and refuses new ones.
+func (ps *preparations) close() {
+	ps.mu.Lock()
+	ps.closed = true
+	open := make([]*preparedHandover, 0, len(ps.open))
+	for p := range ps.open {
+		open = append(open, p)
+	}
+	ps.mu.Unlock()
+	for _, p := range open {
+		p.Abort()
+	}
+}
+
+// release returns p's connection, which holds no lock, to the pool.
+func (p *preparedHandover) release() {
+	if c := p.take(); c != nil {
+		c.Release()
+	}
+}
+
+// drop closes p's connection, whose session may hold the lock: closing
+// the session frees it.
+func (p *preparedHandover) drop() {
+	if c := p.take(); c != nil {
+		closeHijacked(c)
+	}
+}
+
+// closeHijacked takes c out of its pool and closes it.
+func closeHijacked(c *pgxpool.Conn) {
+	conn := c.Hijack()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// Commit implements leader.PreparedHandover: on the preparation's
+// connection, in one round trip, the release of ReleaseTo and then, in a
+// transaction of its own, the lock's unlock, so that the successor's
+// waiting statement, which takes its snapshot once it has the lock, finds
+// the lease released and reserved for it. When the successor waited, the
+// release's NOTIFY is left out of its statement, and sent by two more in
+// the same round trip, handoverNoticeDelay later, if the lease is still
+// free: then Commit returns after that delay. If the statements fail, the
+// connection is closed, which frees the lock.
+func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
+	s := p.s
+	if err := checkHandover(p.name, p.term, p.successor, reason, hold); err != nil {
+		p.Abort()
+		return err
+	}
+	conn := p.take()
+	if conn == nil {
+		return fmt.Errorf("postgres: release %q term %d to %s: the prepared handover was committed or aborted already", p.name, p.term, p.successor.ID)
+	}
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
+	const op = "release"
+	s.renewals.ended(p.name, p.token, int64(p.term))
+	s.beats.forget(p.name, p.token)
+	args := [][]byte{[]byte(p.name), []byte(p.token), strconv.AppendUint(nil, p.term, 10), []byte(s.opts.Channel),
+		[]byte(p.successor.Token), []byte(p.successor.ID), []byte(reason),
+		fmt.Appendf(nil, "%d microseconds", interval(hold)/time.Microsecond)}
+	// With the successor waiting, the release's NOTIFY is sent later,
+	// and only if the lease is still free (see handoverNoticeDelay).
+	quiet := p.waited
+	pl := conn.Conn().PgConn().StartPipeline(ctx)
+	if quiet {
+		pl.SendQueryPrepared(handoverReleaseQuietStmt, args, nil, nil)
+	} else {
+		pl.SendQueryPrepared(handoverReleaseStmt, args, nil, nil)
+	}
+	pl.SendPipelineSync()
+	pl.SendQueryPrepared(handoverUnlockStmt, [][]byte{strconv.AppendInt(nil, handoverClass, 10), strconv.AppendInt(nil, int64(p.key), 10)}, nil, nil)
+	pl.SendPipelineSync()
+	if quiet {
+		pl.SendQueryPrepared(handoverSleepStmt, [][]byte{[]byte(strconv.FormatFloat(handoverNoticeDelay.Seconds(), 'f', -1, 64))}, nil, nil)
+		pl.SendPipelineSync()
+		pl.SendQueryPrepared(handoverNoticeStmt, [][]byte{[]byte(p.name), []byte(s.opts.Channel)}, nil, nil)
+		pl.SendPipelineSync()
+	}
+	var first, second [][]byte
+	err := pl.Flush()
+	if err == nil {
+		var err1, err2, err3, err4 error
+		first, err1 = pipelineRow(pl)
+		second, err2 = pipelineRow(pl)
+		if quiet {
+			_, err3 = pipelineRow(pl)
+			_, err4 = pipelineRow(pl)
+		}
+		err = errors.Join(err1, err2, err3, err4)
+	}
+	err = errors.Join(err, pl.Close())
+	if err == nil && (len(first) < 1 || len(second) < 1) {
+		err = errors.New("a statement returned no value")
+	}
+	if err != nil {
+		closeHijacked(conn)
+		return wrapError(ctx, fmt.Sprintf("%s %q term %d to %s", op, p.name, p.term, p.successor.ID), err)
+	}
+	if string(second[0]) != "t" {
+		// Not this session's lock any more (unlocked by hand?): close the
+		// session to be sure that it holds nothing.
+		closeHijacked(conn)
+	} else {
+		conn.Release()
+	}
+	if string(first[0]) == "0" {
+		return fmt.Errorf("postgres: %s %q term %d to %s: %w", op, p.name, p.term, p.successor.ID, leader.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Abort implements leader.PreparedHandover: it unlocks the lock on which
+// the successor waits, or closes the connection (which frees it) if that
+// fails.
+func (p *preparedHandover) Abort() {
+	conn := p.take()
+	if conn == nil {
+		return
+	}
+	ctx, cancel := p.s.opts.bound(context.Background())
+	defer cancel()
+	var unlocked bool
+	if err := conn.QueryRow(ctx, handoverUnlock, int32(handoverClass), p.key).Scan(&unlocked); err != nil || !unlocked {
+		closeHijacked(conn)
+		return
+	}
+	conn.Release()
+}
+
+// acquireWaiting is Acquire's statement for a successor whose handover
+// was prepared (see PrepareHandover), sent as one batch on one
+// connection: in a transaction, it waits for the handover's lock (shared,
+// so that it never holds up the preparer's unlock), for wait at most
+// (lock_timeout), and then runs the acquire statement, whose snapshot,
+// taken then, shows the release. dest receives the acquire statement's
+// row. It reports whether it ran the statement: false if the lock was not
+// had in time (the caller then tries as usual), or err.
+func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.Candidate, ttl, wait time.Duration, dest []any) (bool, error) {
+	// A connection of the store's waits, if one comes soon: when every
+	// one of them waits already, this Acquire is an ordinary one.
+	actx, cancel := context.WithTimeout(ctx, min(wait, waitsConnWait))
+	conn, err := s.waits.Acquire(actx)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, err
+		}
+		return false, nil
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(`SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock_shared($2, $3)`,
+		strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms", int32(handoverClass), s.handoverKey(name))
+	b.Queue(s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority))
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	_, errBegin := br.Exec()
+	_, errLock := br.Exec()
+	errRow := br.QueryRow().Scan(dest...)
+	tag, errCommit := br.Exec()
+	errClose := br.Close() // the first of the errors above, if any
+	var pgErr *pgconn.PgError
+	switch {
+	case errBegin != nil:
+		return false, errBegin
+	case errors.As(errLock, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+		return false, nil
+	case errLock != nil:
+		return false, errLock
+	case errors.Is(errRow, pgx.ErrNoRows):
+		return false, nil // as Acquire's statement may: try again
+	case errRow != nil:
+		return false, errRow
+	case errCommit != nil:
+		return false, errCommit
+	case errClose != nil:
+		return false, errClose
+	case tag.String() != "COMMIT":
+		return false, fmt.Errorf("the transaction ended with %q, not COMMIT", tag.String())
+	}
+	return true, nil
+}

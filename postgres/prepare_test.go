@@ -1,0 +1,480 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
+	"github.com/leaderelect/leader/internal/pgtest"
+)
+
+// acquireResult is what an Acquire in the background returned.
+type acquireResult struct {
+	lease   leader.Lease
+	granted bool
+	err     error
+	at      time.Time
+}
+
+// positioned is a successor's store whose candidate is woken by a
+// prepared handover's notice and then calls Acquire in the background,
+// as an Elector's follower does; done receives that Acquire's outcome.
+type positioned struct {
+	b    testBundle
+	c    leader.Candidate
+	done chan acquireResult
+}
+
+// position starts a successor on a store of its own on pool's database
+// that watches name for c and, once woken, calls Acquire with ttl.
+func position(t *testing.T, pool testBundle, name string, c leader.Candidate, ttl time.Duration) *positioned {
+	t.Helper()
+	b := setupOn(t, pool.pool, Options{})
+	ch, err := b.store.WatchFreeFor(t.Context(), name, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitListening(t, b)
+	drain(ch) // the wake-up sent once listening
+	p := &positioned{b: b, c: c, done: make(chan acquireResult, 1)}
+	go func() {
+		select {
+		case <-ch:
+		case <-t.Context().Done():
+			p.done <- acquireResult{err: t.Context().Err()}
+			return
+		}
+		l, granted, err := b.store.Acquire(callCtx(t), name, c, ttl)
+		p.done <- acquireResult{lease: l, granted: granted, err: err, at: time.Now()}
+	}()
+	return p
+}
+
+// result waits for the successor's Acquire.
+func (p *positioned) result(t *testing.T) acquireResult {
+	t.Helper()
+	select {
+	case r := <-p.done:
+		if r.err != nil {
+			t.Fatalf("the successor's Acquire: %v", r.err)
+		}
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatal("the successor's Acquire did not return within 30s")
+		return acquireResult{}
+	}
+}
+
+// notReturned fails the test if the successor's Acquire has returned.
+func (p *positioned) notReturned(t *testing.T, when string) {
+	t.Helper()
+	select {
+	case r := <-p.done:
+		t.Fatalf("the successor's Acquire returned %s: %+v granted %v err %v", when, r.lease, r.granted, r.err)
+	default:
+	}
+}
+
+// mustPrepare prepares a handover of name, held by from under term, to
+// to, and checks that the successor was waiting when it returned.
+func mustPrepare(t *testing.T, s *LeaseStore, name string, from leader.Candidate, term uint64, to leader.Candidate) *preparedHandover {
+	t.Helper()
+	p, err := s.PrepareHandover(callCtx(t), name, from.Token, term, to, 10*time.Second)
+	if err != nil {
+		t.Fatalf("PrepareHandover: %v", err)
+	}
+	ph := p.(*preparedHandover)
+	if !ph.waited {
+		t.Fatal("PrepareHandover returned before the successor waited for the handover")
+	}
+	return ph
+}
+
+// TestPreparedHandoverGrantsAsTheReleaseCommits checks that a successor
+// whose handover was prepared waits in its Acquire, on the server, while
+// the lease stays held and renewable, and is granted the lease with the
+// next term by the commit alone: its store's listener is closed before
+// the commit, so no notification can be what woke it.
+func TestPreparedHandoverGrantsAsTheReleaseCommits(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	alice, bob := candidate("alice"), candidate("bob")
+	const ttl = 20 * time.Second
+	l := mustGrant(t, a.store, "prep", alice, ttl)
+	succ := position(t, a, "prep", bob, ttl)
+
+	p := mustPrepare(t, a.store, "prep", alice, l.Term, bob)
+	succ.notReturned(t, "before the handover was committed")
+	if o := mustObserve(t, a.store, "prep"); o.HolderID != "alice" || o.Term != l.Term {
+		t.Fatalf("while prepared the lease is %+v; want held by alice with term %d", o, l.Term)
+	}
+	if _, err := a.store.Renew(callCtx(t), "prep", alice.Token, l.Term, ttl); err != nil {
+		t.Fatalf("Renew while the handover is prepared: %v", err)
+	}
+	succ.b.store.wakeups.Close() // from now on the successor hears nothing
+
+	committed := time.Now()
+	if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	r := succ.result(t)
+	if !r.granted || r.lease.Term != l.Term+1 || r.lease.Reason != leader.GrantTransfer || r.lease.HolderID != "bob" {
+		t.Fatalf("the successor's Acquire returned %+v granted %v; want granted to bob with term %d for a transfer", r.lease, r.granted, l.Term+1)
+	}
+	if d := r.at.Sub(committed); d > ttl/4 {
+		t.Fatalf("the successor was granted %v after the commit, past its wait of TTL/4", d)
+	}
+	if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err == nil {
+		t.Fatal("a second Commit of the same prepared handover succeeded")
+	}
+	p.Abort() // does nothing once committed
+}
+
+// TestPreparedHandoverAborted checks that an aborted preparation, and one
+// whose session was ended (its process killed), let the waiting successor
+// go without granting it anything: the lease stays the leader's.
+func TestPreparedHandoverAborted(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"aborted", "session killed"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			a := setup(t)
+			alice, bob := candidate("alice"), candidate("bob")
+			const ttl = 20 * time.Second
+			l := mustGrant(t, a.store, "prep", alice, ttl)
+			succ := position(t, a, "prep", bob, ttl)
+			p := mustPrepare(t, a.store, "prep", alice, l.Term, bob)
+			succ.notReturned(t, "before the handover was aborted")
+			if how == "aborted" {
+				p.Abort()
+			} else {
+				pid := p.conn.Conn().PgConn().PID()
+				if _, err := a.pool.Exec(callCtx(t), "SELECT pg_terminate_backend($1)", int64(pid)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := succ.result(t)
+			if r.granted || r.lease.HolderID != "alice" || r.lease.Term != l.Term {
+				t.Fatalf("after the preparation was %s the successor's Acquire returned %+v granted %v; want refused, alice holding term %d",
+					how, r.lease, r.granted, l.Term)
+			}
+			if how == "session killed" {
+				if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err == nil {
+					t.Fatal("Commit on a killed session succeeded")
+				}
+				if o := mustObserve(t, a.store, "prep"); o.HolderID != "alice" || o.Term != l.Term {
+					t.Fatalf("after a failed Commit the lease is %+v; want alice's with term %d", o, l.Term)
+				}
+			}
+		})
+	}
+}
+
+// TestPreparedHandoverWaitIsBounded checks that a successor waits for a
+// prepared handover that does not come for a quarter of its TTL, then
+// tries as usual and is refused, not failed.
+func TestPreparedHandoverWaitIsBounded(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	alice, bob := candidate("alice"), candidate("bob")
+	const ttl = 2 * time.Second
+	l := mustGrant(t, a.store, "prep", alice, 30*time.Second)
+	succ := position(t, a, "prep", bob, ttl)
+	p := mustPrepare(t, a.store, "prep", alice, l.Term, bob)
+	defer p.Abort()
+	prepared := time.Now()
+	r := succ.result(t)
+	if r.granted || r.lease.HolderID != "alice" {
+		t.Fatalf("the successor's Acquire returned %+v granted %v; want refused, alice holding", r.lease, r.granted)
+	}
+	// It waited TTL/4 (500 ms) from before the preparation returned;
+	// the bound leaves room for a slow machine, and is far below what a
+	// wait without a lock_timeout would take (the lease's 30 s).
+	if d := r.at.Sub(prepared); d < ttl/4-100*time.Millisecond || d > 10*time.Second {
+		t.Fatalf("the successor's Acquire returned %v after the preparation; want about TTL/4 (%v)", d, ttl/4)
+	}
+}
+
+// TestPreparedHandoverWithoutSuccessor checks that a preparation that no
+// successor answers returns once its wait has passed, and that its Commit
+// is then an ordinary handover, which the successor takes as usual.
+func TestPreparedHandoverWithoutSuccessor(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	alice, bob := candidate("alice"), candidate("bob")
+	const ttl = 20 * time.Second
+	l := mustGrant(t, a.store, "prep", alice, ttl)
+	const wait = 50 * time.Millisecond
+	start := time.Now()
+	p, err := a.store.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, wait)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < wait || p.(*preparedHandover).waited {
+		t.Fatalf("PrepareHandover with nobody listening returned after %v, waited %v; want after %v, false", d, p.(*preparedHandover).waited, wait)
+	}
+	if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+		t.Fatal(err)
+	}
+	if o := mustObserve(t, a.store, "prep"); o.Held() || o.Successor != "bob" {
+		t.Fatalf("after the commit the lease is %+v; want released and reserved for bob", o)
+	}
+	if l2 := mustGrant(t, setupOn(t, a.pool, Options{}).store, "prep", bob, ttl); l2.Term != l.Term+1 {
+		t.Fatalf("bob was granted term %d; want %d", l2.Term, l.Term+1)
+	}
+}
+
+// TestPrepareHandoverRefusals checks what PrepareHandover refuses,
+// having prepared nothing: a second preparation of a name, a connection
+// through a transaction-pooling proxy, and a successor without a token;
+// and that a Commit of a lease no longer held fails with ErrLeaseLost.
+func TestPrepareHandoverRefusals(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	alice, bob := candidate("alice"), candidate("bob")
+	const ttl = 20 * time.Second
+	l := mustGrant(t, a.store, "prep", alice, ttl)
+
+	p, err := a.store.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.store.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, time.Millisecond); err == nil || !strings.Contains(err.Error(), "another handover") {
+		t.Fatalf("a second preparation of the same name: %v; want an error saying another is being prepared", err)
+	}
+	p.Abort()
+	p2, err := a.store.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, time.Millisecond)
+	if err != nil {
+		t.Fatalf("a preparation after the first was aborted: %v", err)
+	}
+	if _, err := a.store.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, leader.Candidate{ID: "x"}, time.Millisecond); err == nil {
+		t.Fatal("a preparation for a successor without a token succeeded")
+	}
+	mustRelease(t, a.store, "prep", alice, l.Term)
+	if err := p2.Commit(callCtx(t), leader.GrantTransfer, ttl); !errors.Is(err, leader.ErrLeaseLost) {
+		t.Fatalf("Commit of a released lease: %v; want ErrLeaseLost", err)
+	}
+
+	url := pgtest.NewDatabase(t)
+	if err := Migrate(callCtx(t), pgtest.OpenPool(t, url), Options{}); err != nil {
+		t.Fatal(err)
+	}
+	pooled, err := NewLeaseStore(pgtest.OpenPool(t, pgtest.PgBouncer(t, url, "transaction")), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pooled.Close)
+	l = mustGrant(t, pooled, "prep", alice, ttl)
+	if _, err := pooled.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, time.Millisecond); !errors.Is(err, ErrPooledSession) {
+		t.Fatalf("PrepareHandover behind a transaction-pooling proxy: %v; want ErrPooledSession", err)
+	}
+}
+
+// TestPrepareNoticeWakesOnlyTheSuccessor checks the wake-ups of a
+// preparation's notice: the successor's free-watcher alone, and it is
+// remembered for the successor's Acquire, once.
+func TestPrepareNoticeWakesOnlyTheSuccessor(t *testing.T) {
+	t.Parallel()
+	w := wakeups{watchers: map[string]map[chan struct{}]watcher{}, covered: map[string]*coverage{}, deferred: map[string]*time.Timer{}}
+	t.Cleanup(w.Close)
+	bob, carol, free, all := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{}, 1)
+	w.addLocked("n", bob, watcher{kind: watchFree, token: "bob"})
+	w.addLocked("n", carol, watcher{kind: watchFree, token: "carol"})
+	w.addLocked("n", free, watcher{kind: watchFree})
+	w.addLocked("n", all, watcher{kind: watchAll})
+	w.notified(payloadPrepare+"3:bobn", 0)
+	if len(bob) != 1 || len(carol) != 0 || len(free) != 0 || len(all) != 0 {
+		t.Fatalf("a preparation for bob woke bob %v, carol %v, a free-watcher of no candidate %v, a plain watcher %v; want only bob",
+			len(bob) == 1, len(carol) == 1, len(free) == 1, len(all) == 1)
+	}
+	if w.takePrepared("n", "carol") {
+		t.Fatal("carol was told of a handover prepared for bob")
+	}
+	if !w.takePrepared("n", "bob") || w.takePrepared("n", "bob") {
+		t.Fatal("bob was not told of the handover prepared for him exactly once")
+	}
+}
+
+// mustObserve returns name's lease on s, failing the test on an error.
+func mustObserve(t *testing.T, s leader.Store, name string) leader.Lease {
+	t.Helper()
+	l, err := s.Observe(callCtx(t), name)
+	if err != nil {
+		t.Fatalf("Observe(%q): %v", name, err)
+	}
+	return l
+}
+
+// callCounter is a leader.Metrics that counts an Elector's store calls
+// that succeeded, by op.
+type callCounter struct {
+	leader.NopMetrics
+	mu sync.Mutex
+	ok map[string]int
+}
+
+func (m *callCounter) StoreCall(_, op string, _ time.Duration, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err == nil {
+		m.ok[op]++
+	}
+}
+
+func (m *callCounter) count(op string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ok[op]
+}
+
+// TestElectorPreparesTransfers checks that an Elector on the lease store
+// prepares each handover: the leader's preparation succeeds, and the
+// successor is granted the lease by the statement that waited for it,
+// at every transfer of a round among three Electors.
+func TestElectorPreparesTransfers(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	const ttl = 10 * time.Second
+	h := electortest.NewHistory()
+	es, stores, calls := map[string]*leader.Elector{}, map[string]*LeaseStore{}, map[string]*callCounter{}
+	for _, id := range []string{"a", "b", "c"} {
+		stores[id] = setupOn(t, a.pool, Options{}).store
+		calls[id] = &callCounter{ok: map[string]int{}}
+		cfg := leader.Config{Name: "prepared", ID: id, TTL: ttl, RetryInterval: 100 * time.Millisecond,
+			Metrics: calls[id], Logger: slog.New(slog.DiscardHandler)}
+		cfg.OnElected, cfg.OnDemoted = h.Hooks(t, id)
+		e, err := leader.New(stores[id], cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		es[id] = e
+		electortest.Run(t, e)
+	}
+	leaderNow := func() (string, uint64) {
+		var id string
+		var term uint64
+		electortest.Eventually(t, 15*time.Second, "a leader", func() bool {
+			for i, e := range es {
+				if st := e.Status(); st.IsLeader {
+					id, term = i, st.Term
+					return true
+				}
+			}
+			return false
+		})
+		return id, term
+	}
+	for range 3 {
+		from, term := leaderNow()
+		to := map[string]string{"a": "b", "b": "c", "c": "a"}[from]
+		electortest.Eventually(t, 2*ttl, to+" enlisted", func() bool {
+			cands, err := stores[from].Candidates(t.Context(), "prepared")
+			return err == nil && slices.ContainsFunc(cands, func(c leader.Candidate) bool { return c.ID == to })
+		})
+		prepared, waited := calls[from].count("prepare_handover"), stores[to].waitedGrants.Load()
+		l, err := es[from].Transfer(t.Context(), to)
+		if err != nil {
+			t.Fatalf("Transfer from %s to %s: %v", from, to, err)
+		}
+		if l.HolderID != to || l.Term != term+1 {
+			t.Fatalf("Transfer from %s to %s returned %+v; want %s leading with term %d", from, to, l, to, term+1)
+		}
+		if n := calls[from].count("prepare_handover") - prepared; n != 1 {
+			t.Fatalf("%s prepared %d handovers to transfer to %s; want 1", from, n, to)
+		}
+		if n := stores[to].waitedGrants.Load() - waited; n != 1 {
+			t.Fatalf("%s was granted the lease by %d statements that waited for the prepared handover; want 1", to, n)
+		}
+	}
+}
+
+// heardOn LISTENs on channel on a connection of pool's and returns a
+// function that returns the payloads received for d from then on.
+func heardOn(t *testing.T, b testBundle, channel string) func(d time.Duration) []string {
+	t.Helper()
+	conn, err := b.pool.Acquire(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Hijack().Close(context.Background()) })
+	if _, err := conn.Exec(callCtx(t), "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return func(d time.Duration) []string {
+		ctx, cancel := context.WithTimeout(t.Context(), d)
+		defer cancel()
+		var got []string
+		for {
+			n, err := conn.Conn().WaitForNotification(ctx)
+			if err != nil {
+				return got
+			}
+			got = append(got, n.Payload)
+		}
+	}
+}
+
+// TestPreparedHandoverNoticeOnlyIfUntaken checks the release's NOTIFY of
+// a handover whose successor waited: left out when the successor took the
+// lease (the listeners hear its grant alone), and sent after
+// handoverNoticeDelay when nobody took it (here the successor's waiting
+// session was ended before the commit), so that the other candidates
+// still learn of the handover and wake at the end of its reservation.
+func TestPreparedHandoverNoticeOnlyIfUntaken(t *testing.T) {
+	t.Parallel()
+	for _, taken := range []bool{true, false} {
+		t.Run(map[bool]string{true: "taken", false: "untaken"}[taken], func(t *testing.T) {
+			t.Parallel()
+			a := setup(t)
+			alice, bob := candidate("alice"), candidate("bob")
+			const ttl = 20 * time.Second
+			l := mustGrant(t, a.store, "prep", alice, ttl)
+			heard := heardOn(t, a, a.store.opts.Channel)
+			succ := position(t, a, "prep", bob, ttl)
+			p := mustPrepare(t, a.store, "prep", alice, l.Term, bob)
+			heard(10 * time.Millisecond) // the preparation's own notice
+			if !taken {
+				var pid int64
+				err := a.pool.QueryRow(callCtx(t), `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 AND NOT granted`,
+					int64(handoverClass)).Scan(&pid)
+				if err != nil {
+					t.Fatalf("finding the successor's waiting backend: %v", err)
+				}
+				if _, err := a.pool.Exec(callCtx(t), "SELECT pg_terminate_backend($1)", pid); err != nil {
+					t.Fatal(err)
+				}
+				if r := <-succ.done; r.err == nil {
+					t.Fatalf("the successor's Acquire on a terminated session returned %+v granted %v, no error", r.lease, r.granted)
+				}
+			}
+			if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+				t.Fatal(err)
+			}
+			if taken {
+				if r := succ.result(t); !r.granted {
+					t.Fatalf("the successor was not granted the lease: %+v", r.lease)
+				}
+			}
+			got := heard(500 * time.Millisecond)
+			want := []string{payloadGrant + "prep"}
+			if !taken {
+				if len(got) == 1 && strings.HasPrefix(got[0], payloadHandover) && parsePayload(got[0]).token == bob.Token {
+					return
+				}
+				t.Fatalf("after a handover that nobody took the listeners heard %q; want its notice, to %s", got, bob.ID)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("after a handover that the waiting successor took the listeners heard %q; want %q", got, want)
+			}
+		})
+	}
+}
