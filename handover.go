@@ -37,25 +37,38 @@ type handoff struct {
 }
 
 // prepare has a store that is a HandoverPreparer make the successor of h
-// wait for the lease of term, which this instance still leads with, and
+// wait for the lease of tenure t, which this instance still leads, and
 // records the prepared handover in h, best effort: unprepared, the
 // handover is made with ReleaseTo. It waits for the successor for
-// prepareWait at most.
-func (e *Elector) prepare(ctx context.Context, ts Transferer, term uint64, h *handoff) {
+// prepareWait at most, and never past t's stop point. It reports whether
+// this instance still leads afterwards: if leadership ended meanwhile (the
+// stop point, or the store reported the lease lost), it aborts the
+// preparation, and the caller goes on as for that loss.
+func (e *Elector) prepare(ctx context.Context, ts Transferer, t *tenure, h *handoff) bool {
 	hp, ok := ts.(HandoverPreparer)
 	if !ok {
-		return
+		return true
+	}
+	t.mu.Lock()
+	left := time.Until(t.stopAt)
+	t.mu.Unlock()
+	if left <= 0 {
+		return t.lctx.Err() == nil
 	}
 	start := time.Now()
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewInterval)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(e.cfg.RenewInterval, left))
 	defer cancel()
-	p, err := hp.PrepareHandover(pctx, e.cfg.Name, e.cand.Token, term, h.to, e.prepareWait())
+	p, err := hp.PrepareHandover(pctx, e.cfg.Name, e.cand.Token, t.term, h.to, e.prepareWait())
 	e.recordCall("prepare_handover", start, err)
-	if err != nil {
+	switch {
+	case err != nil:
 		e.log.Debug("preparing the handover failed; handing over without it", slog.String("successor", h.to.ID), slog.Any("error", err))
-		return
+	case t.lctx.Err() != nil:
+		p.Abort()
+	default:
+		h.prepared = p
 	}
-	h.prepared = p
+	return t.lctx.Err() == nil
 }
 
 // prepareWait is how long a handover's preparation waits for the
@@ -252,6 +265,14 @@ func (e *Elector) releaseTo(ctx context.Context, ts Transferer, term uint64, h *
 	var err error
 	if h.prepared != nil {
 		err = h.prepared.Commit(rctx, h.reason, e.reserveFor())
+		if err != nil && !errors.Is(err, ErrLeaseLost) && rctx.Err() == nil {
+			// Failed before its release was answered (a broken
+			// connection, say): hand over as usual. The release is
+			// judged on the token and term, so a release that did
+			// commit makes this one fail, and nothing else.
+			e.log.Debug("committing the prepared handover failed; handing over without it", slog.Any("error", err))
+			err = ts.ReleaseTo(rctx, e.cfg.Name, e.cand.Token, term, h.to, h.reason, e.reserveFor())
+		}
 	} else {
 		err = ts.ReleaseTo(rctx, e.cfg.Name, e.cand.Token, term, h.to, h.reason, e.reserveFor())
 	}

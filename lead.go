@@ -218,7 +218,9 @@ loop:
 			if e.cfg.HandOverOnStop && ts != nil {
 				if to, err := e.successor(ctx, ts, "", nil); err == nil {
 					handover = &handoff{to: to, reason: GrantTransfer}
-					e.prepare(ctx, ts, term, handover)
+					if !e.prepare(ctx, ts, t, handover) {
+						handover = nil // leadership ended meanwhile: nothing to hand over
+					}
 				} else {
 					e.log.Info("no other candidate to hand over to; releasing", slog.Any("error", err))
 				}
@@ -242,16 +244,22 @@ loop:
 				call.done <- transferOutcome{err: err}
 				continue
 			}
-			handover = &handoff{to: to, reason: GrantTransfer, call: &call}
-			e.prepare(ctx, ts, term, handover)
-			reason = stop(LossTransferred)
+			h := &handoff{to: to, reason: GrantTransfer, call: &call}
+			if !e.prepare(ctx, ts, t, h) {
+				// Leadership ended meanwhile: the loop learns why next.
+				call.done <- transferOutcome{err: ErrNotLeader}
+				continue
+			}
+			reason, handover = stop(LossTransferred), h
 			break loop
 		case req := <-t.requested:
 			if ts == nil {
 				continue
 			}
 			if h := e.consider(ctx, ts, t, req, sent); h != nil {
-				e.prepare(ctx, ts, term, h)
+				if !e.prepare(ctx, ts, t, h) {
+					continue // leadership ended meanwhile: the loop learns why next
+				}
 				reason, handover = stop(LossTransferred), h
 				break loop
 			}

@@ -38,11 +38,13 @@ func mustPrepare(t *testing.T, hp leader.HandoverPreparer, name string, from lea
 	return p
 }
 
-// successorAttempt is the outcome of a successor's Acquire.
+// successorAttempt is the outcome of a successor's Acquire, and when
+// the wake-up that started it came.
 type successorAttempt struct {
 	lease   leader.Lease
 	granted bool
 	err     error
+	woke    time.Time
 }
 
 // attemptOnWake calls Acquire for c, as a follower does, once wake
@@ -56,10 +58,11 @@ func attemptOnWake(t *testing.T, s leader.Store, wake <-chan struct{}, name stri
 			out <- successorAttempt{err: t.Context().Err()}
 			return
 		}
+		woke := time.Now()
 		ctx, cancel := context.WithTimeout(t.Context(), 4*waitTimeout)
 		defer cancel()
 		l, granted, err := s.Acquire(ctx, name, c, longTTL)
-		out <- successorAttempt{l, granted, err}
+		out <- successorAttempt{l, granted, err, woke}
 	}()
 	return out
 }
@@ -90,10 +93,14 @@ func testPreparedCommit(t *testing.T, s leader.Store) {
 	mustRenew(t, s, name, alice, held.Term, longTTL)
 	ctx, cancel := callCtx(t)
 	defer cancel()
+	committed := time.Now()
 	if err := p.Commit(ctx, leader.GrantTransfer, longTTL); err != nil {
 		t.Fatalf("Commit: %v", err)
 	}
 	a := awaitAttempt(t, attempt, "after the commit")
+	if !a.woke.Before(committed) {
+		t.Fatal("the successor was woken by the commit, not told of the preparation")
+	}
 	if !a.granted {
 		t.Fatalf("the successor's first Acquire after the preparation was refused: %s", fmtLease(a.lease))
 	}

@@ -129,8 +129,9 @@ type Options struct {
 	// by Close. Besides them, each store keeps one connection for its
 	// wake-ups, and an AdvisoryStore one per candidate and per watched
 	// name; a LeaseStore opens up to MaxConns more for prepared handovers
-	// (see the package documentation), only while it prepares or awaits
-	// one. Default DefaultMaxConns (2); at least 1.
+	// (see the package documentation) when it first prepares or awaits
+	// one, closed when idle like the others. Default DefaultMaxConns (2);
+	// at least 1.
 	MaxConns int32
 
 	// CallTimeout bounds each store call whose context has no deadline

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -37,13 +38,18 @@ const (
 	// of the store's connections for prepared handovers before it tries
 	// as usual instead.
 	waitsConnWait = 100 * time.Millisecond
+	// waitCheckEvery is the client_connection_check_interval of a
+	// successor's waiting statement.
+	waitCheckEvery = 100 * time.Millisecond
 )
 
 // handoverKey returns the second key of the advisory lock of name's
 // prepared handovers: the first 4 bytes of the SHA-256 of the lease
 // table's qualified name and name, so that two tables' names of the same
 // spelling do not share it. Two names that do share it only make a
-// preparation wait for the other's, or fail.
+// preparation of one fail while the other's holds the lock, and a
+// successor of one wait for the other's commit (for its lock_timeout at
+// most).
 func (s *LeaseStore) handoverKey(name string) int32 {
 	sum := sha256.Sum256([]byte("leader:handover:" + s.opts.qualifiedTable() + "\x00" + name))
 	return int32(binary.BigEndian.Uint32(sum[:4]))
@@ -114,6 +120,9 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 	case len(payload) > maxPayloadLength:
 		return nil, fmt.Errorf("postgres: %s: the name and the successor's token are too long for a NOTIFY payload (%d bytes, at most %d)", what, len(payload), maxPayloadLength)
 	}
+	if s.pooled.Load() {
+		return nil, fmt.Errorf("postgres: %s: %w: a prepared handover needs one", what, ErrPooledSession)
+	}
 	actx, cancelAcquire := context.WithTimeout(ctx, max(wait, waitsConnWait))
 	conn, err := s.waits.Acquire(actx)
 	cancelAcquire()
@@ -130,6 +139,7 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		p.release() // it took no lock
+		s.pooled.Store(true)
 		return nil, fmt.Errorf("postgres: %s: %w: a prepared handover needs one", what, ErrPooledSession)
 	case err != nil:
 		p.drop() // whether the lock was taken is unknown
@@ -238,7 +248,8 @@ func (ps *preparations) remove(p *preparedHandover) {
 	delete(ps.open, p)
 }
 
-// close aborts every open preparation, and refuses new ones.
+// close ends every open preparation by closing its connection, and
+// refuses new ones.
 func (ps *preparations) close() {
 	ps.mu.Lock()
 	ps.closed = true
@@ -248,7 +259,7 @@ func (ps *preparations) close() {
 	}
 	ps.mu.Unlock()
 	for _, p := range open {
-		p.Abort()
+		p.drop() // closing the session frees its lock, whatever the server's state
 	}
 }
 
@@ -315,32 +326,42 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 	pl.SendQueryPrepared(handoverUnlockStmt, [][]byte{strconv.AppendInt(nil, handoverClass, 10), strconv.AppendInt(nil, int64(p.key), 10)}, nil, nil)
 	pl.SendPipelineSync()
 	if quiet {
-		pl.SendQueryPrepared(handoverSleepStmt, [][]byte{[]byte(strconv.FormatFloat(handoverNoticeDelay.Seconds(), 'f', -1, 64))}, nil, nil)
+		pl.SendQueryPrepared(handoverSleepStmt, [][]byte{[]byte(strconv.FormatFloat(s.noticeDelay.Seconds(), 'f', -1, 64))}, nil, nil)
 		pl.SendPipelineSync()
 		pl.SendQueryPrepared(handoverNoticeStmt, [][]byte{[]byte(p.name), []byte(s.opts.Channel)}, nil, nil)
 		pl.SendPipelineSync()
 	}
+	// The release and the unlock decide the outcome; the deferred
+	// notice's failure only costs the wake-ups it would have sent.
 	var first, second [][]byte
 	err := pl.Flush()
 	if err == nil {
-		var err1, err2, err3, err4 error
+		var err1, err2 error
 		first, err1 = pipelineRow(pl)
 		second, err2 = pipelineRow(pl)
-		if quiet {
-			_, err3 = pipelineRow(pl)
-			_, err4 = pipelineRow(pl)
-		}
-		err = errors.Join(err1, err2, err3, err4)
+		err = errors.Join(err1, err2)
+	}
+	var errNotice error
+	if err == nil && quiet {
+		_, err3 := pipelineRow(pl)
+		_, err4 := pipelineRow(pl)
+		errNotice = errors.Join(err3, err4)
 	}
 	err = errors.Join(err, pl.Close())
 	if err == nil && (len(first) < 1 || len(second) < 1) {
 		err = errors.New("a statement returned no value")
 	}
-	if err != nil {
+	if err != nil && (first == nil || second == nil) {
 		closeHijacked(conn)
 		return wrapError(ctx, fmt.Sprintf("%s %q term %d to %s", op, p.name, p.term, p.successor.ID), err)
 	}
-	if string(second[0]) != "t" {
+	if err != nil || errNotice != nil {
+		// The release and the unlock were answered; what failed after
+		// them leaves the connection in doubt.
+		s.opts.Logger.Debug("the deferred notice of a prepared handover failed; followers other than the successor wake at their own time",
+			slog.String("name", p.name), slog.Any("error", errors.Join(err, errNotice)))
+		closeHijacked(conn)
+	} else if string(second[0]) != "t" {
 		// Not this session's lock any more (unlocked by hand?): close the
 		// session to be sure that it holds nothing.
 		closeHijacked(conn)
@@ -393,14 +414,26 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	}
 	defer conn.Release()
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(`SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock_shared($2, $3)`,
-		strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms", int32(handoverClass), s.handoverKey(name))
+	// Read committed whatever the role's default, so that the acquire
+	// statement's snapshot is taken after the lock, and shows the
+	// release. While it waits, the server looks every waitCheckEvery
+	// whether this client is still there (PostgreSQL 14 and later), so
+	// that a successor that died meanwhile is not granted the lease; the
+	// acquire statement itself waits for row locks as usual.
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue(`SELECT set_config('lock_timeout', $1, true),
+	CASE WHEN current_setting('server_version_num')::int >= 140000
+		THEN set_config('client_connection_check_interval', $2, true) END,
+	pg_advisory_xact_lock_shared($3, $4)`,
+		strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms", strconv.FormatInt(waitCheckEvery.Milliseconds(), 10),
+		int32(handoverClass), s.handoverKey(name))
+	b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
 	b.Queue(s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority))
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	_, errBegin := br.Exec()
 	_, errLock := br.Exec()
+	_, errReset := br.Exec()
 	errRow := br.QueryRow().Scan(dest...)
 	tag, errCommit := br.Exec()
 	errClose := br.Close() // the first of the errors above, if any
@@ -408,10 +441,20 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	switch {
 	case errBegin != nil:
 		return false, errBegin
-	case errors.As(errLock, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+	case errors.As(errLock, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014"):
+		// lock_not_available, or a statement_timeout of the role's
+		// that came first: the handover did not come in time. The
+		// server skipped the rest up to the batch's end, and the
+		// transaction is still open: end it, so that the connection
+		// can be used again (else the pool closes it).
+		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil && ctx.Err() != nil {
+			return false, err
+		}
 		return false, nil
 	case errLock != nil:
 		return false, errLock
+	case errReset != nil:
+		return false, errReset
 	case errors.Is(errRow, pgx.ErrNoRows):
 		return false, nil // as Acquire's statement may: try again
 	case errRow != nil:

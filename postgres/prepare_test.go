@@ -348,6 +348,13 @@ func TestElectorPreparesTransfers(t *testing.T) {
 	es, stores, calls := map[string]*leader.Elector{}, map[string]*LeaseStore{}, map[string]*callCounter{}
 	for _, id := range []string{"a", "b", "c"} {
 		stores[id] = setupOn(t, a.pool, Options{}).store
+		// A connection for prepared handovers, open before the first:
+		// opening one may take longer than a preparation waits.
+		c, err := stores[id].waits.Acquire(callCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Release()
 		calls[id] = &callCounter{ok: map[string]int{}}
 		cfg := leader.Config{Name: "prepared", ID: id, TTL: ttl, RetryInterval: 100 * time.Millisecond,
 			Metrics: calls[id], Logger: slog.New(slog.DiscardHandler)}
@@ -437,6 +444,9 @@ func TestPreparedHandoverNoticeOnlyIfUntaken(t *testing.T) {
 			a := setup(t)
 			alice, bob := candidate("alice"), candidate("bob")
 			const ttl = 20 * time.Second
+			// The deferred notice comes long after the successor's grant,
+			// however busy the machine: heard at all, it was not left out.
+			a.store.noticeDelay = 2 * time.Second
 			l := mustGrant(t, a.store, "prep", alice, ttl)
 			heard := heardOn(t, a, a.store.opts.Channel)
 			succ := position(t, a, "prep", bob, ttl)
@@ -444,8 +454,10 @@ func TestPreparedHandoverNoticeOnlyIfUntaken(t *testing.T) {
 			heard(10 * time.Millisecond) // the preparation's own notice
 			if !taken {
 				var pid int64
-				err := a.pool.QueryRow(callCtx(t), `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid::bigint = $1 AND NOT granted`,
-					int64(handoverClass)).Scan(&pid)
+				err := a.pool.QueryRow(callCtx(t), `SELECT pid FROM pg_locks
+	WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND classid::bigint = $1 AND objid::bigint = $2 AND objsubid = 2 AND NOT granted`,
+					int64(handoverClass), int64(uint32(a.store.handoverKey("prep")))).Scan(&pid)
 				if err != nil {
 					t.Fatalf("finding the successor's waiting backend: %v", err)
 				}
@@ -464,7 +476,7 @@ func TestPreparedHandoverNoticeOnlyIfUntaken(t *testing.T) {
 					t.Fatalf("the successor was not granted the lease: %+v", r.lease)
 				}
 			}
-			got := heard(500 * time.Millisecond)
+			got := heard(a.store.noticeDelay + time.Second)
 			want := []string{payloadGrant + "prep"}
 			if !taken {
 				if len(got) == 1 && strings.HasPrefix(got[0], payloadHandover) && parsePayload(got[0]).token == bob.Token {

@@ -166,7 +166,13 @@
 // An Abort, or the preparer's session ending (its process killed), lets
 // the successor's statement run at once, and it finds the lease still
 // held; a preparer that stalls (paused) holds it up for its lock_timeout,
-// after which it is an ordinary attempt. A preparation needs a session of
+// after which it is an ordinary attempt. A successor that dies while it
+// waits is noticed by the server within 100 ms
+// (client_connection_check_interval, PostgreSQL 14 and later), and its
+// statement is cancelled; one that dies (or is paused) in the last moments
+// before the commit may still be granted the lease, which then runs out
+// after its TTL, where a handover without preparation would leave it to
+// the others after its reservation. A preparation needs a session of
 // its own: behind a transaction-pooling proxy PrepareHandover fails, and
 // the Elector hands over with ReleaseTo. Close aborts the preparations
 // not yet ended. The advisory strategy does not prepare handovers.
@@ -536,6 +542,11 @@ type LeaseStore struct {
 	// waitedGrants counts the grants of Acquire statements that waited
 	// for a prepared handover (acquireWaiting); tests read it.
 	waitedGrants atomic.Int64
+	// pooled is set once PrepareHandover found the store behind a
+	// transaction-pooling proxy: it refuses at once from then on.
+	pooled atomic.Bool
+	// noticeDelay is handoverNoticeDelay; tests lengthen it.
+	noticeDelay time.Duration
 }
 
 var (
@@ -570,12 +581,13 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 		return nil, err
 	}
 	s := &LeaseStore{
-		pool:    own,
-		waits:   waits,
-		opts:    opts,
-		sql:     newStatements(opts),
-		beatSQL: newBeatStatements(opts),
-		wakeups: newWakeups(d, opts, "the lease store's wake-ups"),
+		pool:        own,
+		waits:       waits,
+		noticeDelay: handoverNoticeDelay,
+		opts:        opts,
+		sql:         newStatements(opts),
+		beatSQL:     newBeatStatements(opts),
+		wakeups:     newWakeups(d, opts, "the lease store's wake-ups"),
 	}
 	s.candidates = newCandidates(own, opts, StrategyLease)
 	s.renewals = newRenewBatcher(s)

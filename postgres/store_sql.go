@@ -211,9 +211,14 @@ RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_
 		releaseQuiet: release(`$4::text`),
 
 		// The NOTIFY of a release, if the lease is still free: $1 name,
-		// $2 channel. Returns a row if it sent one.
+		// $2 channel. "free" locks the row, so that a grant under way
+		// is waited for and then seen, and no notice of the release
+		// can follow the grant's. Returns a row if it sent one.
 		freedNotice: fmt.Sprintf(`
-SELECT pg_notify($2, %[2]s) FROM %[1]s WHERE name = $1 AND holder_token IS NULL`, table, freedPayload),
+WITH free AS MATERIALIZED (
+	SELECT name, successor_token, reserved_until FROM %[1]s WHERE name = $1 AND holder_token IS NULL FOR UPDATE
+)
+SELECT pg_notify($2, %[2]s) FROM free`, table, freedPayload),
 
 		// Observe: $1 name.
 		observe: fmt.Sprintf(`
