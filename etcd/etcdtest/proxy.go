@@ -25,9 +25,11 @@ const (
 const proxyDialTimeout = 2 * time.Second
 
 // proxy is a TCP forwarder from a loopback port of its own to a member's
-// client port. It is hand-made rather than toxiproxy's, because the etcd
-// module does not require toxiproxy. Its port stays the same for its
-// lifetime, across restarts of the member.
+// client port. It is hand-made rather than toxiproxy's, so that the tests
+// of other modules that start clusters (cmd/leader's) need nothing more
+// than etcdtest; etcd/faults puts toxiproxy proxies of its own in front
+// of the members for the faults of a client's link. Its port stays the
+// same for its lifetime, across restarts of the member.
 type proxy struct {
 	ln       net.Listener
 	url      string // http://127.0.0.1:port of ln

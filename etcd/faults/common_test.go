@@ -10,11 +10,12 @@ import (
 	"os"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -54,27 +55,39 @@ const (
 	// prefix is the Stores' key prefix; every scenario has a cluster of
 	// its own.
 	prefix = "faults/"
+	// registerTable is the fenced register's table.
+	registerTable = "fenced"
 )
 
-// endpoints says which etcd members a candidate's client knows.
+// resourceOf names the register that the leaders of name write to.
+func resourceOf(name string) string { return resource + "/" + name }
+
+// endpoints says which etcd members a candidate's client knows, and how
+// it reaches them.
 type endpoints int
 
 const (
-	// ownMember: candidate i's client has member i's proxied endpoint
-	// alone, so that cutting or killing that member cuts it off.
+	// ownMember: candidate i's client has member i's endpoint behind
+	// etcdtest's proxy alone, so that killing that member cuts it off.
 	ownMember endpoints = iota
-	// allMembers: every client has every member's proxied endpoint.
+	// allMembers: every client has every member's endpoint behind
+	// etcdtest's proxies.
 	allMembers
+	// ownLink: candidate i's client reaches member i alone, through a
+	// toxiproxy proxy of its own (a link), which a fault of the leader's
+	// client acts on.
+	ownLink
 )
 
-// env is one scenario: a 3-member etcd cluster, candidates on it, the
-// fenced register their leaders write to, and the directory of their
-// histories of beliefs.
+// env is one scenario whose candidates run in this process: a 3-member
+// etcd cluster, candidates on it, the fenced register their leaders write
+// to, and the directory of their histories of beliefs.
 type env struct {
 	t       *testing.T
 	cluster *etcdtest.Cluster
 	mode    endpoints
-	dir     string // history files
+	proxies *toxiproxy.ApiServer // the links' server, in mode ownLink
+	dir     string               // history files
 	reg     *fenced.Register
 	pool    *pgxpool.Pool // to the register; no fault touches it
 
@@ -82,21 +95,19 @@ type env struct {
 	acceptedBy map[uint64]int // accepted writes per term
 	cands      []*candidate
 	nextID     int
-	killedAt   map[string]int64 // instance → CLOCK_MONOTONIC of its kill
-	unprovoked int              // leaderships lost without a fault
+	unprovoked int // leaderships lost without a fault
 }
 
 // candidate is one Elector with a client and Store of its own.
 type candidate struct {
 	id     string
-	member int // its own member, in mode ownMember
+	member int   // its own member, in modes ownMember and ownLink
+	link   *link // its link to its member, in mode ownLink
 	cli    *clientv3.Client
-	store  *etcd.Store
+	rs     *recordingStore
 	e      *leader.Elector
 	rec    *history.Recorder
 	stop   func()
-	dead   atomic.Bool // killed: its work makes no more writes
-	closed atomic.Bool // rec closed
 }
 
 // newEnv starts a cluster of three members, a fenced register on a fresh
@@ -105,13 +116,16 @@ func newEnv(t *testing.T, mode endpoints) *env {
 	t.Helper()
 	cluster := etcdtest.StartCluster(t, members)
 	pool := pgtest.OpenPool(t, pgtest.NewDatabase(t))
-	reg, err := fenced.Setup(callCtx(t), pool, "fenced")
+	reg, err := fenced.Setup(callCtx(t), pool, registerTable)
 	if err != nil {
 		t.Fatal(err)
 	}
 	v := &env{
 		t: t, cluster: cluster, mode: mode, dir: t.TempDir(), reg: reg, pool: pool,
-		acceptedBy: map[uint64]int{}, killedAt: map[string]int64{},
+		acceptedBy: map[uint64]int{},
+	}
+	if mode == ownLink {
+		v.proxies = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
 	}
 	for i := range candidates {
 		v.startCandidate(i)
@@ -121,13 +135,13 @@ func newEnv(t *testing.T, mode endpoints) *env {
 
 // newClient returns an etcd client of eps that reconnects within half a
 // second of a member or proxy coming back (gRPC's default backoff waits
-// up to two minutes).
-func newClient(t *testing.T, eps []string) *clientv3.Client {
+// up to two minutes), with the dial options opts besides.
+func newClient(t *testing.T, eps []string, opts ...grpc.DialOption) *clientv3.Client {
 	t.Helper()
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: eps,
 		Logger:    zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		DialOptions: append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoff.Config{
 				BaseDelay:  50 * time.Millisecond,
 				Multiplier: 1.6,
@@ -135,7 +149,7 @@ func newClient(t *testing.T, eps []string) *clientv3.Client {
 				MaxDelay:   500 * time.Millisecond,
 			},
 			MinConnectTimeout: time.Second,
-		})},
+		})}, opts...),
 	})
 	if err != nil {
 		t.Fatalf("etcd client: %v", err)
@@ -143,8 +157,8 @@ func newClient(t *testing.T, eps []string) *clientv3.Client {
 	return cli
 }
 
-// startCandidate starts an Elector with a new ID; in mode ownMember its
-// client knows member alone.
+// startCandidate starts an Elector with a new ID; in modes ownMember and
+// ownLink its client knows member alone.
 func (v *env) startCandidate(member int) *candidate {
 	t := v.t
 	t.Helper()
@@ -152,23 +166,33 @@ func (v *env) startCandidate(member int) *candidate {
 	id := fmt.Sprint("e", v.nextID)
 	v.nextID++
 	v.mu.Unlock()
+	c := &candidate{id: id, member: member}
 	eps := v.cluster.Endpoints()
-	if v.mode == ownMember {
+	var opts []grpc.DialOption
+	switch v.mode {
+	case ownMember:
 		eps = []string{v.cluster.Member(member).Endpoint()}
+	case ownLink:
+		// Stopped after the client is closed (t.Cleanup is LIFO), so
+		// that no connection through it carries data when it stops.
+		c.link = newLink(t, v.proxies, id, v.cluster.Member(member).DirectEndpoint())
+		eps = []string{c.link.url()}
+		opts = append(opts, grpc.WithContextDialer(c.link.dial))
 	}
-	c := &candidate{id: id, member: member, cli: newClient(t, eps)}
+	c.cli = newClient(t, eps, opts...)
 	t.Cleanup(func() { c.cli.Close() })
 	store, err := etcd.New(c.cli, etcd.WithPrefix(prefix), etcd.WithLogger(testLogger(id+"/store")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.store = store
 	t.Cleanup(func() { store.Close() })
 	if c.rec, err = history.Create(v.dir, election); err != nil {
 		t.Fatal(err)
 	}
+	c.rs = newRecordingStore(store, nil)
+	c.rs.add(c.rec, id)
 	onElected, onDemoted := c.rec.Hooks(id)
-	c.e, err = leader.New(c.rec.Store(store, id), leader.Config{
+	c.e, err = leader.New(c.rs, leader.Config{
 		Name:   election,
 		ID:     id,
 		TTL:    ttl,
@@ -186,8 +210,7 @@ func (v *env) startCandidate(member int) *candidate {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		// A killed candidate's Run meets a closed Store: not a failure.
-		if err := c.e.Run(ctx); err != nil && !c.dead.Load() {
+		if err := c.e.Run(ctx); err != nil {
 			t.Errorf("%s: Run: %v", id, err)
 		}
 	}()
@@ -206,15 +229,14 @@ func (v *env) startCandidate(member int) *candidate {
 }
 
 // work is a leader's work: write the term to the register every
-// writeEvery until leadership ends or the candidate is killed. A write
-// already sent is let finish.
+// writeEvery until leadership ends. A write already sent is let finish.
 func (v *env) work(ctx context.Context, c *candidate) {
 	term, _ := leader.TermFrom(ctx)
 	tick := time.NewTicker(writeEvery)
 	defer tick.Stop()
-	for i := 0; !c.dead.Load(); i++ {
+	for i := 0; ; i++ {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		accepted, err := v.reg.Write(wctx, v.pool, resource, term, c.id, fmt.Sprintf("%s/%d/%d", c.id, term, i))
+		accepted, err := v.reg.Write(wctx, v.pool, resourceOf(election), term, c.id, fmt.Sprintf("%s/%d/%d", c.id, term, i))
 		cancel()
 		switch {
 		case err != nil:
@@ -224,7 +246,7 @@ func (v *env) work(ctx context.Context, c *candidate) {
 			v.mu.Lock()
 			v.acceptedBy[term]++
 			v.mu.Unlock()
-		case ctx.Err() == nil && !c.dead.Load():
+		case ctx.Err() == nil:
 			// A greater term was accepted before this write returned,
 			// and this instance still believes it leads.
 			v.t.Errorf("%s: write with term %d refused while it believes it leads", c.id, term)
@@ -244,17 +266,11 @@ func (v *env) written(term uint64) int {
 	return v.acceptedBy[term]
 }
 
-// live returns the candidates not killed.
-func (v *env) live() []*candidate {
+// all returns the candidates.
+func (v *env) all() []*candidate {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	var out []*candidate
-	for _, c := range v.cands {
-		if !c.dead.Load() {
-			out = append(out, c)
-		}
-	}
-	return out
+	return append([]*candidate(nil), v.cands...)
 }
 
 // nextLeader waits for a leader with a term above after that has had three
@@ -265,14 +281,14 @@ func (v *env) live() []*candidate {
 func (v *env) nextLeader(after uint64, within time.Duration) (*candidate, uint64) {
 	v.t.Helper()
 	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		for _, c := range v.live() {
+		for _, c := range v.all() {
 			if st := c.e.Status(); st.IsLeader && st.Term > after && v.written(st.Term) >= 3 {
 				return c, st.Term
 			}
 		}
 	}
 	var seen []string
-	for _, c := range v.live() {
+	for _, c := range v.all() {
 		st := c.e.Status()
 		seen = append(seen, fmt.Sprintf("%s: leader %v, term %d, %d writes", c.id, st.IsLeader, st.Term, v.written(st.Term)))
 	}
@@ -280,34 +296,25 @@ func (v *env) nextLeader(after uint64, within time.Duration) (*candidate, uint64
 	return nil, 0
 }
 
-// kill models the death of c's process: from now on its work writes
-// nothing, its client and Store are closed without releasing anything,
-// and its events recorded after this instant are left out of the history
-// (see the package documentation). It returns the instant.
-func (v *env) kill(c *candidate) int64 {
-	v.t.Helper()
-	at := now(v.t)
-	c.dead.Store(true)
-	v.mu.Lock()
-	v.killedAt[c.id] = at
-	v.mu.Unlock()
-	c.cli.Close()
-	c.store.Close()
-	c.stop()
-	return at
-}
-
 // lateWrite makes a write with the deposed leader's term, as a leader that
 // missed its demotion would, after its successor's term nextTerm has
 // written: the fence must refuse it.
 func (v *env) lateWrite(trial int, id string, term, nextTerm uint64) {
 	v.t.Helper()
-	accepted, err := v.reg.Write(callCtx(v.t), v.pool, resource, term, id+"-late", "late")
+	lateWrite(v.t, v.reg, v.pool, trial, election, id, term, nextTerm)
+}
+
+// lateWrite writes to name's register with a deposed leader's term, after
+// its successor's term nextTerm has written, as a deposed leader that
+// missed its demotion would, and fails t unless the fence refuses it.
+func lateWrite(t *testing.T, reg *fenced.Register, pool *pgxpool.Pool, trial int, name, id string, term, nextTerm uint64) {
+	t.Helper()
+	accepted, err := reg.Write(callCtx(t), pool, resourceOf(name), term, id+"-late", "late")
 	if err != nil {
-		v.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if accepted {
-		v.t.Errorf("trial %d: a write with the deposed leader's term %d was accepted after term %d had written", trial, term, nextTerm)
+		t.Errorf("trial %d: a write to %s with the deposed leader's term %d was accepted after term %d had written", trial, name, term, nextTerm)
 	}
 }
 
@@ -315,39 +322,50 @@ func (v *env) lateWrite(trial int, id string, term, nextTerm uint64) {
 // recorders.
 func (v *env) stopAll() {
 	v.t.Helper()
+	cands := v.all()
 	var wg sync.WaitGroup
-	for _, c := range v.live() {
+	for _, c := range cands {
 		wg.Go(c.stop)
 	}
 	wg.Wait()
-	v.mu.Lock()
-	cands := v.cands
-	v.mu.Unlock()
 	for _, c := range cands {
-		if err := c.rec.Close(); err != nil && !c.dead.Load() {
+		if err := c.rec.Close(); err != nil {
 			v.t.Errorf("%s: %v", c.id, err)
 		}
 	}
 }
 
-// events loads the history of beliefs, without what killed candidates
-// recorded after their kill: a dead process records nothing.
-func (v *env) events() []history.Event {
-	v.t.Helper()
+// check checks the scenario's histories (see judge) and that the
+// Electors renewed with RenewBatch, never with Renew.
+func (v *env) check(b history.Bounds, fs []faulted) (result, history.Report) {
+	t := v.t
+	t.Helper()
 	evs, err := history.Load(v.dir)
 	if err != nil {
-		v.t.Fatal(err)
+		t.Fatal(err)
 	}
+	r, rep := judge(t, evs, b, fs, v.reg.History())
 	v.mu.Lock()
-	defer v.mu.Unlock()
-	kept := evs[:0]
-	for _, e := range evs {
-		if at, ok := v.killedAt[e.Instance]; ok && e.At > at {
-			continue
-		}
-		kept = append(kept, e)
+	r.unprovoked = v.unprovoked
+	v.mu.Unlock()
+	var batches, renewals, renews int64
+	for _, c := range v.all() {
+		b, n, _, rn := c.rs.stats()
+		batches, renewals, renews = batches+b, renewals+n, renews+rn
 	}
-	return kept
+	if batches == 0 || renews > 0 {
+		t.Errorf("the Electors renewed with %d RenewBatch calls (%d renewals) and %d Renew calls: want RenewBatch alone", batches, renewals, renews)
+	}
+	return r, rep
+}
+
+// faulted is a leadership a trial faulted: its name, instance and term,
+// and the CLOCK_MONOTONIC instant of the fault.
+type faulted struct {
+	name string
+	id   string
+	term uint64
+	at   int64
 }
 
 // result is what one scenario, or a tally of them, found.
@@ -370,53 +388,54 @@ func (r *result) add(o result) {
 	r.takeovers = append(r.takeovers, o.takeovers...)
 }
 
-// check checks the histories of beliefs and of the register, and returns
-// the scenario's result: history.Check must pass with bounds b (no
-// overlap, no term regression, no takeover slower than b.MaxTakeover, no
-// unexplained open interval), no term may be granted to two instances,
-// every faulted term must have been taken over, the register's history
-// must be linearizable, and no stale write may have been accepted.
-// Takeovers are counted only from the faulted terms.
-func (v *env) check(b history.Bounds, faultedTerms []uint64) (result, history.Report) {
-	t := v.t
+// judge checks a scenario's history of beliefs, evs, and its fenced
+// register's, ops, and returns the scenario's result: history.Check must
+// pass with bounds b (no overlap, no term regression, no takeover slower
+// than b.MaxTakeover, no unexplained open interval), no term of a name
+// may be granted to two instances, every faulted leadership must have
+// been taken over, the register's history must be linearizable, and no
+// stale write may have been accepted. Takeovers are counted only from the
+// faulted leaderships.
+func judge(t *testing.T, evs []history.Event, b history.Bounds, fs []faulted, ops []fenced.Op) (result, history.Report) {
 	t.Helper()
-	evs := v.events()
 	rep := history.Check(evs, b)
 	if !rep.OK() {
 		t.Errorf("the history of beliefs fails (takeover bound %v):\n%v", b.MaxTakeover, rep)
 	}
-	v.mu.Lock()
-	r := result{overlaps: len(rep.Overlaps), termRegressions: len(rep.TermRegressions), unprovoked: v.unprovoked}
-	v.mu.Unlock()
+	r := result{overlaps: len(rep.Overlaps), termRegressions: len(rep.TermRegressions)}
 
-	grantedTo := map[uint64]map[string]bool{}
+	type nameTerm struct {
+		name string
+		term uint64
+	}
+	grantedTo := map[nameTerm]map[string]bool{}
 	for _, e := range evs {
 		if e.Kind == history.Granted {
-			if grantedTo[e.Term] == nil {
-				grantedTo[e.Term] = map[string]bool{}
+			k := nameTerm{e.Name, e.Term}
+			if grantedTo[k] == nil {
+				grantedTo[k] = map[string]bool{}
 			}
-			grantedTo[e.Term][e.Instance] = true
+			grantedTo[k][e.Instance] = true
 		}
 	}
-	for term, to := range grantedTo {
+	for k, to := range grantedTo {
 		if len(to) > 1 {
 			r.termsGrantedTwice++
-			t.Errorf("term %d granted to %d instances: %v", term, len(to), to)
+			t.Errorf("term %d of %s granted to %d instances: %v", k.term, k.name, len(to), to)
 		}
 	}
 
 	for _, tk := range rep.Takeovers {
-		for _, ft := range faultedTerms {
-			if tk.From.Term == ft {
+		for _, f := range fs {
+			if tk.From.Name == f.name && tk.From.Term == f.term {
 				r.takeovers = append(r.takeovers, tk.Gap)
 			}
 		}
 	}
-	if len(r.takeovers) != len(faultedTerms) {
-		t.Errorf("%d takeovers from the %d faulted leaders (terms %v):\n%v", len(r.takeovers), len(faultedTerms), faultedTerms, rep)
+	if len(r.takeovers) != len(fs) {
+		t.Errorf("%d takeovers from the %d faulted leaderships (%v):\n%v", len(r.takeovers), len(fs), fs, rep)
 	}
 
-	ops := v.reg.History()
 	if ok, _ := fenced.CheckLinearizable(ops); !ok {
 		t.Errorf("the fenced register's history of %d operations is not linearizable", len(ops))
 	}
@@ -435,15 +454,16 @@ func (v *env) check(b history.Bounds, faultedTerms []uint64) (result, history.Re
 		}
 	}
 	r.staleRefused, r.staleAccepted = refused, len(stale)
-	t.Logf("%d intervals; takeovers from faulted leaders %v; fenced register: %d writes accepted, %d refused",
+	t.Logf("%d intervals; takeovers from faulted leaderships %v; fenced register: %d writes accepted, %d refused",
 		len(rep.Intervals), history.Summarize(r.takeovers), accepted, refused)
 	return r, rep
 }
 
-// interval returns the interval of instance's leadership with term.
-func interval(rep history.Report, instance string, term uint64) (history.Interval, bool) {
+// interval returns the interval of instance's leadership of name with
+// term.
+func interval(rep history.Report, name, instance string, term uint64) (history.Interval, bool) {
 	for _, iv := range rep.Intervals {
-		if iv.Instance == instance && iv.Term == term {
+		if iv.Name == name && iv.Instance == instance && iv.Term == term {
 			return iv, true
 		}
 	}
@@ -451,8 +471,9 @@ func interval(rep history.Report, instance string, term uint64) (history.Interva
 }
 
 // staleAccepted returns the accepted writes whose term is smaller than
-// that of a write accepted before they were sent: what a deposed leader
-// attempted after its successor wrote, and the fence should have refused.
+// that of a write to the same register accepted before they were sent:
+// what a deposed leader attempted after its successor wrote, and the
+// fence should have refused.
 func staleAccepted(ops []fenced.Op) []fenced.Op {
 	var done []fenced.Op
 	for _, op := range ops {
@@ -468,7 +489,9 @@ func staleAccepted(ops []fenced.Op) []fenced.Op {
 			if prior.Return >= op.Invoke {
 				break
 			}
-			top = max(top, prior.Term)
+			if prior.Resource == op.Resource {
+				top = max(top, prior.Term)
+			}
 		}
 		if top > op.Term {
 			stale = append(stale, op)
@@ -485,7 +508,7 @@ func staleAccepted(ops []fenced.Op) []fenced.Op {
 // It returns nil if no leader came (see nextLeader).
 func (v *env) settle(cur *candidate, term uint64) (*candidate, uint64) {
 	v.t.Helper()
-	time.Sleep(ttl + ttl/2 + rand.N(maxInjectDelay+1))
+	time.Sleep(settleFor())
 	if st := cur.e.Status(); st.IsLeader && st.Term == term {
 		return cur, term
 	}
@@ -494,6 +517,12 @@ func (v *env) settle(cur *candidate, term uint64) (*candidate, uint64) {
 	v.mu.Unlock()
 	v.t.Logf("%s lost its leadership of term %d without a fault", cur.id, term)
 	return v.nextLeader(term, maxTakeover+2*ttl)
+}
+
+// settleFor returns how long a leader leads before a fault: 1.5 TTL and a
+// random 0 to maxInjectDelay.
+func settleFor() time.Duration {
+	return ttl + ttl/2 + rand.N(maxInjectDelay+1)
 }
 
 // now reads CLOCK_MONOTONIC, the clock of the histories.

@@ -10,29 +10,13 @@ import (
 	"github.com/leaderelect/leader/internal/history"
 )
 
-// faulted is a leadership a trial faulted: its instance, its term, and
-// the CLOCK_MONOTONIC instant of the fault.
-type faulted struct {
-	id   string
-	term uint64
-	at   int64
-}
-
-func terms(fs []faulted) []uint64 {
-	out := make([]uint64, len(fs))
-	for i, f := range fs {
-		out[i] = f.term
-	}
-	return out
-}
-
 // checkStepDown fails t unless each faulted leader stopped believing by
 // its local deadline: its last successful call was sent before the
 // fault, so its deadline is at most TTL - DriftMargin after it.
 func checkStepDown(t *testing.T, rep history.Report, fs []faulted) {
 	t.Helper()
 	for _, f := range fs {
-		iv, ok := interval(rep, f.id, f.term)
+		iv, ok := interval(rep, f.name, f.id, f.term)
 		switch {
 		case !ok:
 			t.Errorf("no interval of %s with term %d in the history", f.id, f.term)
@@ -45,18 +29,27 @@ func checkStepDown(t *testing.T, rep history.Report, fs []faulted) {
 	}
 }
 
-// The leader's client is partitioned from etcd through the proxy of the
-// one member it knows: reset (cut) or black-holed. See the package
-// documentation.
+// The leader's client is partitioned from etcd by toxiproxy, on its link
+// to the one member it knows: every connection closed and reset (cut), or
+// black-holed. See the package documentation.
 func TestClientPartition(t *testing.T) {
 	t.Parallel()
 	rounds(t, func(t *testing.T, trials int) {
-		for _, fault := range []string{"cut", "blackhole"} {
-			t.Run(fault, func(t *testing.T) {
+		for _, f := range []linkFault{cutLink, blackholeLink} {
+			t.Run(f.name, func(t *testing.T) {
 				t.Parallel()
-				record(t, "partition-"+fault, runCutOff(t, fault, trials))
+				record(t, "partition-"+f.name, runLinkFault(t, f, trials))
 			})
 		}
+	})
+}
+
+// The leader's client link is slowed down by toxiproxy: every byte
+// delayed by clientDelay each way. See the package documentation.
+func TestClientDelay(t *testing.T) {
+	t.Parallel()
+	rounds(t, func(t *testing.T, trials int) {
+		record(t, "client-delay", runLinkFault(t, delayLink, trials))
 	})
 }
 
@@ -67,7 +60,7 @@ func TestMemberKilled(t *testing.T) {
 	rounds(t, func(t *testing.T, trials int) {
 		t.Run("own-endpoint", func(t *testing.T) {
 			t.Parallel()
-			record(t, "member-kill-own-endpoint", runCutOff(t, "member-kill", trials))
+			record(t, "member-kill-own-endpoint", runOwnMemberKill(t, trials))
 		})
 		t.Run("all-endpoints", func(t *testing.T) {
 			t.Parallel()
@@ -76,14 +69,41 @@ func TestMemberKilled(t *testing.T) {
 	})
 }
 
+// runLinkFault runs trials of fault f on the leader's link, on clients
+// that reach one member each through a link of their own; then the link
+// heals.
+func runLinkFault(t *testing.T, f linkFault, trials int) result {
+	return runCutOff(t, ownLink, trials, func(_ *env, c *candidate) (heal func()) {
+		c.link.inject(t, f)
+		return func() { c.link.heal(t) }
+	})
+}
+
+// runOwnMemberKill runs trials that kill the leader's member with
+// SIGKILL, on clients that know one member each, which cuts the leader
+// off from etcd; then the member is restarted and the cluster waited on
+// to be healthy.
+func runOwnMemberKill(t *testing.T, trials int) result {
+	return runCutOff(t, ownMember, trials, func(v *env, c *candidate) (heal func()) {
+		m := v.cluster.Member(c.member)
+		m.Kill()
+		return func() {
+			m.Restart()
+			if err := v.cluster.WaitHealthy(timeout(t, healthyWithin)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
 // runCutOff runs trials of a fault that cuts the leader off from etcd, on
-// clients that know one member each: "cut" and "blackhole" its member's
-// proxy, or "member-kill" its member. The leader must step down by its
-// local deadline and another take over with a greater term within
-// maxTakeover; then the fault is healed (the proxy heals, the member is
-// restarted and the cluster waited on to be healthy).
-func runCutOff(t *testing.T, fault string, trials int) result {
-	v := newEnv(t, ownMember)
+// clients in mode (ownMember or ownLink: they know one member each):
+// inject faults the leader and returns how to heal the fault. The leader
+// must step down by its local deadline and another take over with a
+// greater term within maxTakeover, and the leader must not be elected
+// again meanwhile; then the fault is healed.
+func runCutOff(t *testing.T, mode endpoints, trials int, inject func(v *env, c *candidate) (heal func())) result {
+	v := newEnv(t, mode)
 	var fs []faulted
 	cur, term := v.nextLeader(0, 30*time.Second)
 	if cur == nil {
@@ -93,19 +113,9 @@ func runCutOff(t *testing.T, fault string, trials int) result {
 		if cur, term = v.settle(cur, term); cur == nil {
 			break
 		}
-		m := v.cluster.Member(cur.member)
 		at := now(t)
-		switch fault {
-		case "cut":
-			m.CutClient()
-		case "blackhole":
-			m.BlackholeClient()
-		case "member-kill":
-			m.Kill()
-		default:
-			t.Fatalf("unknown fault %q", fault)
-		}
-		fs = append(fs, faulted{cur.id, term, at})
+		heal := inject(v, cur)
+		fs = append(fs, faulted{election, cur.id, term, at})
 		next, nextTerm := v.nextLeader(term, maxTakeover+2*ttl)
 		if next == nil {
 			break
@@ -117,18 +127,11 @@ func runCutOff(t *testing.T, fault string, trials int) result {
 			t.Errorf("trial %d: %s still believes it leads after %s was elected with term %d", trial, cur.id, next.id, nextTerm)
 		}
 		v.lateWrite(trial, cur.id, term, nextTerm)
-		if fault == "member-kill" {
-			m.Restart()
-			if err := v.cluster.WaitHealthy(timeout(t, healthyWithin)); err != nil {
-				t.Fatalf("trial %d: %v", trial, err)
-			}
-		} else {
-			m.HealClient()
-		}
+		heal()
 		cur, term = next, nextTerm
 	}
 	v.stopAll()
-	r, rep := v.check(history.Bounds{MaxTakeover: maxTakeover}, terms(fs))
+	r, rep := v.check(history.Bounds{MaxTakeover: maxTakeover}, fs)
 	checkStepDown(t, rep, fs)
 	r.trials = len(fs) // the trials that injected their fault
 	return r
@@ -171,7 +174,7 @@ func runMemberKillAllEndpoints(t *testing.T, trials int) result {
 			ledOn++
 			t.Logf("trial %d: member %d (Raft leader %v) killed; %s led on with term %d", trial, idx, idx == lead, cur.id, term)
 		} else {
-			fs = append(fs, faulted{cur.id, term, at})
+			fs = append(fs, faulted{election, cur.id, term, at})
 			next, nextTerm := v.nextLeader(term, maxTakeover+2*ttl)
 			if next == nil {
 				break
@@ -189,7 +192,7 @@ func runMemberKillAllEndpoints(t *testing.T, trials int) result {
 		}
 	}
 	v.stopAll()
-	r, _ := v.check(history.Bounds{MaxTakeover: maxTakeover}, terms(fs))
+	r, _ := v.check(history.Bounds{MaxTakeover: maxTakeover}, fs)
 	r.trials, r.ledOn = len(fs)+ledOn, ledOn // the trials that injected their fault
 	return r
 }
@@ -251,7 +254,7 @@ func runQuorumLoss(t *testing.T, how string, trials int) result {
 				outageStart = now(t)
 			}
 		}
-		fs = append(fs, faulted{cur.id, term, outageStart})
+		fs = append(fs, faulted{election, cur.id, term, outageStart})
 		t.Logf("trial %d: members %v down %v after the first signal", trial, down, time.Since(injected).Round(time.Millisecond))
 		hold := 2*ttl + rand.N(ttl)
 		// Watch as it happens too: a TTL after the quorum is gone, every
@@ -264,7 +267,7 @@ func runQuorumLoss(t *testing.T, how string, trials int) result {
 				break
 			}
 			if at > quiet && !seen {
-				for _, c := range v.live() {
+				for _, c := range v.all() {
 					if c.e.IsLeader() {
 						seen = true
 						t.Errorf("trial %d: %s believes it leads %v into a loss of quorum", trial, c.id, at-time.Duration(outageStart))
@@ -297,7 +300,7 @@ func runQuorumLoss(t *testing.T, how string, trials int) result {
 		cur, term = next, nextTerm
 	}
 	v.stopAll()
-	r, rep := v.check(history.Bounds{MaxTakeover: maxTakeover + maxOutage}, terms(fs))
+	r, rep := v.check(history.Bounds{MaxTakeover: maxTakeover + maxOutage}, fs)
 	for i, w := range windows {
 		for _, iv := range rep.Intervals {
 			if (iv.Elected || iv.Open) && iv.Start < w.to && iv.End > w.from {
@@ -307,77 +310,6 @@ func runQuorumLoss(t *testing.T, how string, trials int) result {
 		}
 	}
 	checkStepDown(t, rep, fs)
-	r.trials = len(fs) // the trials that injected their fault
-	return r
-}
-
-// The leader's process dies: its client and Store are closed at once,
-// without a release, and it acts and records no more. See the package
-// documentation.
-func TestLeaderKilled(t *testing.T) {
-	t.Parallel()
-	rounds(t, func(t *testing.T, trials int) {
-		record(t, "leader-kill", runLeaderKill(t, trials))
-	})
-}
-
-// runLeaderKill kills the leader, waits for another to be elected with a
-// greater term and write, and starts a replacement candidate.
-func runLeaderKill(t *testing.T, trials int) result {
-	v := newEnv(t, allMembers)
-	var fs []faulted
-	nexts := map[uint64]string{} // faulted term → the next leader's instance
-	nextTerms := map[uint64]uint64{}
-	cur, term := v.nextLeader(0, 30*time.Second)
-	if cur == nil {
-		t.FailNow()
-	}
-	for trial := range trials {
-		if cur, term = v.settle(cur, term); cur == nil {
-			break
-		}
-		at := v.kill(cur)
-		fs = append(fs, faulted{cur.id, term, at})
-		next, nextTerm := v.nextLeader(term, maxTakeover+2*ttl)
-		if next == nil {
-			break
-		}
-		v.lateWrite(trial, cur.id, term, nextTerm)
-		nexts[term], nextTerms[term] = next.id, nextTerm
-		v.startCandidate(0)
-		cur, term = next, nextTerm
-	}
-	v.stopAll()
-	v.mu.Lock()
-	killedAt := v.killedAt
-	v.mu.Unlock()
-	// A killed leader's open interval ends at the later of its kill and
-	// its local deadline (its last successful call's send time plus TTL
-	// less DriftMargin): no other may be granted the lease before the
-	// deadline of a holder that might still be alive.
-	openEnd := func(iv history.Interval) (int64, bool) {
-		at, ok := killedAt[iv.Instance]
-		if !ok || iv.LastSent == 0 {
-			return 0, false
-		}
-		return max(at, iv.LastSent+int64(ttl-driftMargin)), true
-	}
-	r, rep := v.check(history.Bounds{MaxTakeover: maxTakeover, OpenEnd: openEnd}, terms(fs))
-	for _, f := range fs {
-		if _, ok := nexts[f.term]; !ok {
-			continue // no successor: reported already
-		}
-		iv, ok := interval(rep, nexts[f.term], nextTerms[f.term])
-		if !ok {
-			t.Errorf("no interval of %s with term %d", nexts[f.term], nextTerms[f.term])
-			continue
-		}
-		gap := time.Duration(iv.ElectedAt - f.at)
-		t.Logf("%s (term %d) killed; %s elected with term %d %v after the kill", f.id, f.term, iv.Instance, iv.Term, gap.Round(time.Millisecond))
-		if gap > maxTakeover {
-			t.Errorf("%s elected %v after %s was killed; want within %v", iv.Instance, gap, f.id, maxTakeover)
-		}
-	}
 	r.trials = len(fs) // the trials that injected their fault
 	return r
 }
