@@ -4,6 +4,7 @@ package faults_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -54,6 +55,44 @@ func pauseFile(dir, instance string) string {
 	return filepath.Join(dir, instance+".paused")
 }
 
+// failFile is the file in dir to which instance appends a line per
+// failure, created on the first: the test reads it once the child has
+// exited, killed or not, since a killed child's own test output is lost.
+func failFile(dir, instance string) string {
+	return filepath.Join(dir, instance+".fail")
+}
+
+// childFailures reports the failures of a candidate child process: each
+// is logged as the child's test failure and appended as a line to its
+// fail file, which survives a SIGKILL once the write has returned.
+type childFailures struct {
+	t       *testing.T
+	dir, id string
+	mu      sync.Mutex // one line at a time
+}
+
+// errorf reports a failure and lets the child go on.
+func (f *childFailures) errorf(format string, args ...any) {
+	msg := f.id + ": " + fmt.Sprintf(format, args...)
+	f.t.Error(msg)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	file, err := os.OpenFile(failFile(f.dir, f.id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err == nil {
+		_, err = file.WriteString(strings.ReplaceAll(msg, "\n", " ") + "\n")
+		err = errors.Join(err, file.Close())
+	}
+	if err != nil {
+		f.t.Errorf("%s: writing the fail file: %v", f.id, err)
+	}
+}
+
+// fatalf reports a failure and ends the child's test.
+func (f *childFailures) fatalf(format string, args ...any) {
+	f.errorf(format, args...)
+	f.t.FailNow()
+}
+
 // traceFile is the file in dir to which instance's recordingStore writes
 // a line per RenewBatch call and per Renew call.
 func traceFile(dir, instance string) string {
@@ -77,8 +116,11 @@ func resumedValue(instance string, term uint64) string {
 // during which it led a name, it makes one write with the term it led
 // under: the write a leader had decided on when the pause hit. It runs
 // until its standard input closes (the test stops it, or the test binary
-// died) or it is killed, and fails if a write fails or if goroutines leak
-// (TestMain's check).
+// died) or it is killed. It fails if a write fails, if its leader work has
+// a write refused while the leader context is live (unless the process
+// was paused during that leadership), or if goroutines leak (TestMain's
+// check); each failure but a leak also goes to its fail file, which the
+// test reads.
 func TestCandidateChildProcess(t *testing.T) {
 	eps := os.Getenv(childEndpoints)
 	if eps == "" {
@@ -86,6 +128,7 @@ func TestCandidateChildProcess(t *testing.T) {
 	}
 	id, url, dir := os.Getenv(childInstance), os.Getenv(childURL), os.Getenv(childDir)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("instance", id)
+	fail := &childFailures{t: t, dir: dir, id: id}
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -101,45 +144,45 @@ func TestCandidateChildProcess(t *testing.T) {
 
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
-		t.Fatalf("%s: register pool: %v", id, err)
+		fail.fatalf("register pool: %v", err)
 	}
 	defer pool.Close()
 	cli := newClient(t, strings.Split(eps, ","))
 	defer cli.Close()
 	store, err := etcd.New(cli, etcd.WithPrefix(prefix), etcd.WithLogger(log.With("component", "store")))
 	if err != nil {
-		t.Fatalf("%s: %v", id, err)
+		fail.fatalf("%v", err)
 	}
 	defer store.Close()
 	trace, err := os.OpenFile(traceFile(dir, id), os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o644)
 	if err != nil {
-		t.Fatalf("%s: %v", id, err)
+		fail.fatalf("%v", err)
 	}
 	defer trace.Close()
 	rs := newRecordingStore(store, trace)
 	reg, err := fenced.Open(registerTable)
 	if err != nil {
-		t.Fatalf("%s: %v", id, err)
+		fail.fatalf("%v", err)
 	}
 	if err := reg.LogTo(dir); err != nil {
-		t.Fatalf("%s: %v", id, err)
+		fail.fatalf("%v", err)
 	}
 	defer func() {
 		if err := reg.Close(); err != nil {
-			t.Errorf("%s: closing the register's log: %v", id, err)
+			fail.errorf("closing the register's log: %v", err)
 		}
 	}()
 
-	c := &childCandidate{t: t, id: id, dir: dir, log: log, reg: reg, pool: pool}
+	c := &childCandidate{fail: fail, id: id, dir: dir, log: log, reg: reg, pool: pool}
 	var electors []*leader.Elector
 	for _, name := range processNames {
 		rec, err := history.Create(dir, name)
 		if err != nil {
-			t.Fatalf("%s: %v", id, err)
+			fail.fatalf("%v", err)
 		}
 		defer func() {
 			if err := rec.Close(); err != nil {
-				t.Errorf("%s: %v", id, err)
+				fail.errorf("%v", err)
 			}
 		}()
 		rs.add(rec, id)
@@ -156,7 +199,7 @@ func TestCandidateChildProcess(t *testing.T) {
 			OnDemoted: onDemoted,
 		})
 		if err != nil {
-			t.Fatalf("%s: %v", id, err)
+			fail.fatalf("%v", err)
 		}
 		electors = append(electors, e)
 	}
@@ -165,7 +208,7 @@ func TestCandidateChildProcess(t *testing.T) {
 	for _, e := range electors {
 		wg.Go(func() {
 			if err := e.Run(ctx); err != nil {
-				t.Errorf("%s: Run: %v", id, err)
+				fail.errorf("Run: %v", err)
 			}
 		})
 	}
@@ -174,7 +217,7 @@ func TestCandidateChildProcess(t *testing.T) {
 
 // childCandidate is the state of the candidate a child process runs.
 type childCandidate struct {
-	t    *testing.T
+	fail *childFailures
 	id   string
 	dir  string
 	log  *slog.Logger
@@ -197,12 +240,16 @@ type leadership struct {
 // lead is the leader work of name: it writes the term to name's register
 // every writeEvery until the leader context is cancelled, checking the
 // context before each write. A write already sent when it is cancelled
-// is let finish.
+// is let finish. A write refused while the leader context is still live
+// is a failure (a greater term wrote while this one was believed), unless
+// the process was paused during this leadership: its Elector's timers did
+// not fire during the pause, and the judge of the pause scenario bounds
+// how long it believes after it.
 func (c *childCandidate) lead(lctx context.Context, name string) {
 	term, _ := leader.TermFrom(lctx)
 	start, err := monotime.Now()
 	if err != nil {
-		c.t.Errorf("%s: %v", c.id, err)
+		c.fail.errorf("%v", err)
 		return
 	}
 	c.mu.Lock()
@@ -212,7 +259,7 @@ func (c *childCandidate) lead(lctx context.Context, name string) {
 	context.AfterFunc(lctx, func() {
 		end, err := monotime.Now()
 		if err != nil {
-			c.t.Errorf("%s: %v", c.id, err)
+			c.fail.errorf("%v", err)
 			return
 		}
 		c.mu.Lock()
@@ -223,7 +270,15 @@ func (c *childCandidate) lead(lctx context.Context, name string) {
 	tick := time.NewTicker(writeEvery)
 	defer tick.Stop()
 	for i := 0; lctx.Err() == nil; i++ {
-		c.write(lctx, name, term, fmt.Sprintf("%s/%d/%d", c.id, term, i))
+		refused := c.write(lctx, name, term, fmt.Sprintf("%s/%d/%d", c.id, term, i))
+		if refused && lctx.Err() == nil {
+			if pausedAt, ok := c.lastPause(); ok && pausedAt > start {
+				c.log.Warn("write refused while the leader context is live, after a pause during this leadership",
+					slog.String("name", name), slog.Uint64("term", term))
+			} else {
+				c.fail.errorf("write %d with term %d to the register of %s refused while the leader context is live", i, term, name)
+			}
+		}
 		select {
 		case <-lctx.Done():
 		case <-tick.C:
@@ -244,6 +299,25 @@ func (c *childCandidate) ledAt(name string, at int64) (uint64, bool) {
 	return 0, false
 }
 
+// lastPause returns the CLOCK_MONOTONIC reading the test left in the
+// pause file during the process's latest pause, if it was ever paused.
+func (c *childCandidate) lastPause() (int64, bool) {
+	b, err := os.ReadFile(pauseFile(c.dir, c.id))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false
+	}
+	if err != nil {
+		c.fail.errorf("reading the pause file: %v", err)
+		return 0, false
+	}
+	pausedAt, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		c.fail.errorf("pause file %q: %v", b, err)
+		return 0, false
+	}
+	return pausedAt, true
+}
+
 // writeOnResume waits for the process to be resumed from a pause
 // (SIGCONT) until ctx ends. On each resumption, for each name it led when
 // it was paused (at the reading the test left in its pause file), it
@@ -258,14 +332,9 @@ func (c *childCandidate) writeOnResume(ctx context.Context, resumed <-chan os.Si
 			return
 		case <-resumed:
 		}
-		b, err := os.ReadFile(pauseFile(c.dir, c.id))
-		if err != nil {
-			c.t.Errorf("%s: resumed without a pause file: %v", c.id, err)
-			continue
-		}
-		pausedAt, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			c.t.Errorf("%s: pause file %q: %v", c.id, b, err)
+		pausedAt, ok := c.lastPause()
+		if !ok {
+			c.fail.errorf("resumed without a pause file")
 			continue
 		}
 		for _, name := range processNames {
@@ -282,18 +351,20 @@ func (c *childCandidate) writeOnResume(ctx context.Context, resumed <-chan os.Si
 }
 
 // write writes (term, value) to name's register, fails the test if the
-// write fails, and logs a refusal.
-func (c *childCandidate) write(ctx context.Context, name string, term uint64, value string) {
+// write fails, and logs a refusal, which it reports.
+func (c *childCandidate) write(ctx context.Context, name string, term uint64, value string) (refused bool) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	accepted, err := c.reg.Write(wctx, c.pool, resourceOf(name), term, c.id, value)
 	switch {
 	case err != nil:
-		c.t.Errorf("%s: %v", c.id, err)
+		c.fail.errorf("%v", err)
 	case !accepted:
 		// Expected of a deposed leader's late write, which is why the
 		// register is fenced; the test counts them.
 		c.log.Warn("write refused: a greater term has written", slog.String("name", name),
 			slog.Uint64("term", term), slog.String("value", value))
+		return true
 	}
+	return false
 }

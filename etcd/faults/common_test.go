@@ -37,6 +37,7 @@ const (
 	// TTL/20 and StopGrace TTL/5, the defaults.
 	ttl         = 2 * time.Second
 	driftMargin = ttl / 20
+	stopGrace   = ttl / 5
 	candidates  = 3
 	members     = 3
 	// writeEvery is the pace of each leader's writes to the fenced

@@ -259,15 +259,8 @@ func TestLinkFaults(t *testing.T) {
 			if err := readFails(open, time.Second); err != nil {
 				t.Errorf("cut: the connection open: %v", err)
 			}
-			// (Reset as soon as toxiproxy accepts it, it may fail to
-			// connect at all.)
-			if fresh, err := l.dial(t.Context(), ""); err == nil {
-				if _, err := fresh.Write([]byte("ping")); err == nil {
-					if err := readFails(fresh, time.Second); err != nil {
-						t.Errorf("cut: a new connection: %v", err)
-					}
-				}
-				fresh.Close()
+			if err := newConnCut(t.Context(), l, time.Second); err != nil {
+				t.Errorf("cut: a new connection: %v", err)
 			}
 		case "blackhole":
 			for _, c := range []net.Conn{open, dialLink(t, l)} {
@@ -361,6 +354,29 @@ func roundTrip(t *testing.T, c net.Conn, limit time.Duration) time.Duration {
 		t.Fatalf("read back %q: %v", buf, err)
 	}
 	return time.Since(start)
+}
+
+// newConnCut opens a connection through l, writes on it and reads from
+// it, and returns nil if it is reset or ended: reset as soon as toxiproxy
+// accepts it, it may fail at its connect or its write already, but only
+// with a reset or an end of stream; or the read fails within limit (see
+// readFails). It returns an error saying what happened otherwise.
+func newConnCut(ctx context.Context, l *link, limit time.Duration) error {
+	resetOrEOF := func(what string, err error) error {
+		if errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) {
+			return nil
+		}
+		return fmt.Errorf("%s: %w; want a reset or an end of stream", what, err)
+	}
+	c, err := l.dial(ctx, "")
+	if err != nil {
+		return resetOrEOF("connect", err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return resetOrEOF("write", err)
+	}
+	return readFails(c, limit)
 }
 
 // readFails returns nil if a read from c fails (an end of stream or a
