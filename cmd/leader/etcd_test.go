@@ -3,11 +3,16 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"net/url"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/leaderelect/leader/etcd/etcdtest"
 )
@@ -81,4 +86,59 @@ func TestRunOnEtcdSurvivesTheLossOfAMember(t *testing.T) {
 	procs[leaderID].signal(syscall.SIGTERM)
 	waitFor(t, 20*time.Second, "a start after SIGTERM of the leader", func() bool { return len(log.starts()) > n })
 	log.checkNoOverlap()
+}
+
+// TestEtcdStoreWithAuthentication runs "leader run" and "leader status"
+// on an etcd member with authentication on, with the user and password in
+// the store URL (the password escaped, as a URL needs it): they
+// authenticate, and a wrong password fails with etcd's refusal, never
+// printing the password.
+func TestEtcdStoreWithAuthentication(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := etcdtest.StartCluster(t, 1)
+	admin, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	const password = "pa:ss word!"
+	if _, err := admin.RoleAdd(ctx, "root"); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	for _, step := range []func() error{
+		func() error { _, err := admin.UserAdd(ctx, "root", password); return err },
+		func() error { _, err := admin.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := admin.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatalf("turning authentication on: %v", err)
+		}
+	}
+	host := strings.TrimPrefix(c.Endpoints()[0], "http://")
+	store := func(pw string) string {
+		return "etcd://" + url.UserPassword("root", pw).String() + "@" + host + "?prefix=auth%2F"
+	}
+
+	r := e.start("run", "--store", store(password), "--name", "auth", "--id", "alpha", "--ttl", "2s", "--", "sleep", "1000")
+	defer r.signal(syscall.SIGTERM)
+	waitFor(t, 20*time.Second, "status to show alpha leading", func() bool {
+		out, _, code := e.run("status", "--store", store(password), "--name", "auth", "--json")
+		var st map[string]any
+		return code == 0 && json.Unmarshal([]byte(out), &st) == nil && st["leader"] == "alpha"
+	})
+
+	const wrong = "not-the-password-42"
+	out, stderr, code := e.run("status", "--store", store(wrong), "--name", "auth", "--json")
+	if code == 0 {
+		t.Fatalf("status with a wrong password succeeded: %s", out)
+	}
+	if !strings.Contains(stderr, "authentication failed") {
+		t.Errorf("status with a wrong password did not say that authentication failed:\n%s", stderr)
+	}
+	if strings.Contains(out+stderr, wrong) || strings.Contains(out+stderr, url.PathEscape(wrong)) {
+		t.Errorf("the wrong password was printed:\n%s%s", out, stderr)
+	}
 }
