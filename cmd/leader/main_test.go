@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/leaderelect/leader/internal/pgtest"
 )
 
@@ -38,9 +40,21 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
-	code := pgtest.Run(m) // stops the shared PostgreSQL and checks for leaked goroutines
+	var ignore []goleak.Option
+	for _, f := range embedGoleakOptions {
+		ignore = append(ignore, goleak.IgnoreAnyFunction(f))
+	}
+	code := pgtest.Run(m, ignore...) // stops the shared PostgreSQL and checks for leaked goroutines
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// embedGoleakOptions are the functions of the goroutines that an
+// embedded etcd server (TestEtcdStoreOverTLS) leaves behind after Close,
+// which TestMain's check for leaked goroutines leaves out.
+var embedGoleakOptions = []string{
+	"go.opencensus.io/stats/view.(*worker).start",
+	"github.com/golang/glog.(*fileSink).flushDaemon",
 }
 
 // env is an isolated environment for the processes of one test: its own
