@@ -184,7 +184,7 @@ func TestLeastPrivilege(t *testing.T) {
 	// A privilege missing for background work (a listener, a lock waiter,
 	// the Router deleting a message) shows only in the logs.
 	t.Cleanup(func() {
-		if logs := role.logs.String(); strings.Contains(logs, "permission denied") || strings.Contains(logs, "42501") {
+		if logs := role.logs.String(); strings.Contains(logs, "permission denied") || strings.Contains(logs, "SQLSTATE 42501") {
 			t.Errorf("a store, Router or Elector running as %s was refused a privilege:\n%s", role.name, logs)
 		}
 	})
