@@ -35,8 +35,8 @@ const (
 	// that is an ordinary one.
 	preparedFor = 5 * time.Second
 	// waitsConnWait bounds how long a successor's Acquire waits for one
-	// of the store's connections for prepared handovers before it tries
-	// as usual instead.
+	// of the store's connections for prepared handovers, when all are in
+	// use, before it tries as usual instead.
 	waitsConnWait = 100 * time.Millisecond
 	// waitCheckEvery is the client_connection_check_interval of a
 	// successor's waiting statement.
@@ -401,9 +401,14 @@ func (p *preparedHandover) Abort() {
 // row. It reports whether it ran the statement: false if the lock was not
 // had in time (the caller then tries as usual), or err.
 func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.Candidate, ttl, wait time.Duration, dest []any) (bool, error) {
-	// A connection of the store's waits, if one comes soon: when every
-	// one of them waits already, this Acquire is an ordinary one.
-	actx, cancel := context.WithTimeout(ctx, min(wait, waitsConnWait))
+	// A connection of the store's waits: when every one of them waits
+	// already, this Acquire is an ordinary one unless one comes soon;
+	// otherwise it may take a new one's opening.
+	connWait := min(wait, waitsConnWait)
+	if st := s.waits.Stat(); st.AcquiredConns() < st.MaxConns() {
+		connWait = wait
+	}
+	actx, cancel := context.WithTimeout(ctx, connWait)
 	conn, err := s.waits.Acquire(actx)
 	cancel()
 	if err != nil {

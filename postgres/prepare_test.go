@@ -39,6 +39,13 @@ type positioned struct {
 func position(t *testing.T, pool testBundle, name string, c leader.Candidate, ttl time.Duration) *positioned {
 	t.Helper()
 	b := setupOn(t, pool.pool, Options{})
+	// A connection for waiting, open before the preparation, so that a
+	// slow machine's connection set-up does not outlast the test's wait.
+	conn, err := b.store.waits.Acquire(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Release()
 	ch, err := b.store.WatchFreeFor(t.Context(), name, c)
 	if err != nil {
 		t.Fatal(err)
@@ -346,8 +353,10 @@ func TestElectorPreparesTransfers(t *testing.T) {
 	const ttl = 10 * time.Second
 	h := electortest.NewHistory()
 	es, stores, calls := map[string]*leader.Elector{}, map[string]*LeaseStore{}, map[string]*callCounter{}
+	bundles, listening := map[string]testBundle{}, map[string]bool{}
 	for _, id := range []string{"a", "b", "c"} {
-		stores[id] = setupOn(t, a.pool, Options{}).store
+		bundles[id] = setupOn(t, a.pool, Options{})
+		stores[id] = bundles[id].store
 		// A connection for prepared handovers, open before the first:
 		// opening one may take longer than a preparation waits.
 		c, err := stores[id].waits.Acquire(callCtx(t))
@@ -387,6 +396,12 @@ func TestElectorPreparesTransfers(t *testing.T) {
 			cands, err := stores[from].Candidates(t.Context(), "prepared")
 			return err == nil && slices.ContainsFunc(cands, func(c leader.Candidate) bool { return c.ID == to })
 		})
+		// The successor hears the preparation's notice only once its
+		// store's listener has started LISTENing.
+		if !listening[to] {
+			waitListening(t, bundles[to])
+			listening[to] = true
+		}
 		prepared, waited := calls[from].count("prepare_handover"), stores[to].waitedGrants.Load()
 		l, err := es[from].Transfer(t.Context(), to)
 		if err != nil {
