@@ -268,7 +268,9 @@ type acquireHook struct {
 
 func (s *acquireHook) Acquire(ctx context.Context, name string, c leader.Candidate, ttl time.Duration) (leader.Lease, bool, error) {
 	s.calls.Add(1)
+	tracef("acquire start")
 	l, ok, err := s.Store.Acquire(ctx, name, c, ttl)
+	tracef("acquire end ok=%v err=%v", ok, err)
 	if err == nil {
 		s.once.Do(s.ready)
 		if !ok && s.enlisted != nil {

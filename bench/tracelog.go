@@ -14,19 +14,24 @@ import (
 // envTrace, when set in the bench's environment (the children inherit
 // it), has each candidate child write a line to its standard error (the
 // -child-log file) for every statement it starts and ends through pgx, and
-// when it stops, calls Release or ReleaseTo and is elected, each stamped
+// when it stops, calls Acquire, Release or ReleaseTo (or prepares a
+// handover) and is elected, each stamped
 // with CLOCK_MONOTONIC and the process ID:
 //
 //	TRACE <ns> <pid> start be=<backend pid> <the statement's first 70 characters>
 //	TRACE <ns> <pid> end be=<backend pid> err=<error>
 //	TRACE <ns> <pid> stopping|stopped|elected <candidate ID>
+//	TRACE <ns> <pid> acquire start
+//	TRACE <ns> <pid> acquire end ok=<granted> err=<error>
+//	TRACE <ns> <pid> prepare <successor ID> start
+//	TRACE <ns> <pid> prepare end err=<error>
 //	TRACE <ns> <pid> release start|end err=<error>
 //	TRACE <ns> <pid> release-to <successor ID> start
 //	TRACE <ns> <pid> release-to end err=<error>
 //
 // Sorted by time, the lines of all children tell where a handover's time
-// went. Statements of a pgconn pipeline (an advisory release) are not
-// traced. It costs time in every statement: measure without it.
+// went. Statements of a pgconn pipeline (an advisory release, a prepared
+// handover's commit) and of the stores' own pools are not traced. It costs time in every statement: measure without it.
 const envTrace = "LEADERBENCH_TRACE"
 
 var (

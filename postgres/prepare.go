@@ -82,7 +82,27 @@ const (
 	handoverUnlockStmt       = "leader_handover_unlock"
 	handoverSleepStmt        = "leader_handover_sleep"
 	handoverNoticeStmt       = "leader_handover_notice"
+	// waitedAcquireStmt is the acquire statement of a successor that
+	// waits for a prepared handover (acquireWaiting), prepared on the
+	// connection of its wait.
+	waitedAcquireStmt = "leader_waited_acquire"
 )
+
+// handoverWarmUp has the server plan Commit's releases on a preparation's
+// connection, under force_generic_plan (which the connection keeps: it
+// runs only the store's own statements), without running them: the
+// plans are kept with the prepared statements. Its arguments are
+// placeholders; a generic plan does not depend on them.
+const handoverWarmUp = `SET plan_cache_mode = force_generic_plan;
+EXPLAIN (COSTS OFF) EXECUTE ` + handoverReleaseStmt + `(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+EXPLAIN (COSTS OFF) EXECUTE ` + handoverReleaseQuietStmt + `(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)`
+
+// waitedAcquireWarmUp has the server plan waitedAcquireStmt, under
+// force_generic_plan, without running it: the plan is kept with the
+// prepared statement, so that the statement, run once the handover
+// comes, neither plans nor reads the catalog for it. Its arguments are
+// placeholders; a generic plan does not depend on them.
+const waitedAcquireWarmUp = `EXPLAIN (COSTS OFF) EXECUTE ` + waitedAcquireStmt + `(NULL, NULL, NULL, NULL, NULL, NULL)`
 
 // handoverNoticeDelay is how long after a prepared handover's unlock its
 // Commit sends the release's NOTIFY, if the lease is still free then,
@@ -163,6 +183,12 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 	}
 	if err == nil {
 		_, err = conn.Exec(ctx, `SELECT pg_notify($1, $2)`, s.opts.Channel, payload)
+	}
+	// While the successor wakes, the server plans the releases (see
+	// handoverWarmUp), so that the commit neither plans nor reads the
+	// catalog for them.
+	if err == nil {
+		_, err = conn.Exec(ctx, handoverWarmUp, pgx.QueryExecModeSimpleProtocol)
 	}
 	if err != nil {
 		p.Abort()
@@ -418,6 +444,9 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 		return false, nil
 	}
 	defer conn.Release()
+	if _, err := conn.Conn().Prepare(ctx, waitedAcquireStmt, s.sql.acquireQuiet); err != nil {
+		return false, err
+	}
 	b := &pgx.Batch{}
 	// Read committed whatever the role's default, so that the acquire
 	// statement's snapshot is taken after the lock, and shows the
@@ -426,6 +455,8 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	// that a successor that died meanwhile is not granted the lease; the
 	// acquire statement itself waits for row locks as usual.
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue(`SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`)
+	b.Queue(waitedAcquireWarmUp)
 	b.Queue(`SELECT set_config('lock_timeout', $1, true),
 	CASE WHEN current_setting('server_version_num')::int >= 140000
 		THEN set_config('client_connection_check_interval', $2, true) END,
@@ -433,10 +464,12 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 		strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms", strconv.FormatInt(waitCheckEvery.Milliseconds(), 10),
 		int32(handoverClass), s.handoverKey(name))
 	b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
-	b.Queue(s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority))
+	b.Queue(waitedAcquireStmt, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority))
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	_, errBegin := br.Exec()
+	_, errMode := br.Exec()
+	_, errWarm := br.Exec()
 	_, errLock := br.Exec()
 	_, errReset := br.Exec()
 	errRow := br.QueryRow().Scan(dest...)
@@ -446,6 +479,10 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	switch {
 	case errBegin != nil:
 		return false, errBegin
+	case errMode != nil:
+		return false, errMode
+	case errWarm != nil:
+		return false, errWarm
 	case errors.As(errLock, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014"):
 		// lock_not_available, or a statement_timeout of the role's
 		// that came first: the handover did not come in time. The
@@ -472,4 +509,56 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 		return false, fmt.Errorf("the transaction ended with %q, not COMMIT", tag.String())
 	}
 	return true, nil
+}
+
+// noticeGrantLater sends the NOTIFY of a grant that waited for a prepared
+// handover (acquireWaiting leaves it out of the grant) once noticeDelay
+// has passed, if the grant still holds. Sent as the grant commits, it
+// would wake every listening backend and process of the database just
+// as the successor starts to lead, and they would take the CPU that its
+// first moments as leader need; followers do not wait for a grant, so
+// only the watchers of grants (Watch) learn of it that much later.
+func (s *LeaseStore) noticeGrantLater(name, token string, term int64) {
+	l := &s.later
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		t := time.NewTimer(s.noticeDelay)
+		defer t.Stop()
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := s.opts.bound(l.ctx)
+		defer cancel()
+		if _, err := s.pool.Exec(ctx, s.sql.grantNotice, name, token, term, s.opts.Channel); err != nil && l.ctx.Err() == nil {
+			s.opts.Logger.Debug("the deferred notice of a grant failed; watchers of grants learn of it at their own time",
+				slog.String("name", name), slog.Any("error", err))
+		}
+	}()
+}
+
+// laterNotices are the notices that a store sends after a delay: Close
+// cancels them, and waits for them to end.
+type laterNotices struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// close cancels the notices not yet sent and waits for those under way.
+func (l *laterNotices) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	l.cancel()
+	l.wg.Wait()
 }

@@ -36,9 +36,12 @@ type positioned struct {
 
 // position starts a successor on a store of its own on pool's database
 // that watches name for c and, once woken, calls Acquire with ttl.
-func position(t *testing.T, pool testBundle, name string, c leader.Candidate, ttl time.Duration) *positioned {
+func position(t *testing.T, pool testBundle, name string, c leader.Candidate, ttl time.Duration, tune ...func(*LeaseStore)) *positioned {
 	t.Helper()
 	b := setupOn(t, pool.pool, Options{})
+	for _, f := range tune {
+		f(b.store)
+	}
 	// A connection for waiting, open before the preparation, so that a
 	// slow machine's connection set-up does not outlast the test's wait.
 	conn, err := b.store.waits.Acquire(callCtx(t))
@@ -502,6 +505,53 @@ func TestPreparedHandoverNoticeOnlyIfUntaken(t *testing.T) {
 			}
 			if !slices.Equal(got, want) {
 				t.Fatalf("after a handover that the waiting successor took the listeners heard %q; want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestWaitedGrantNoticeDeferred checks the NOTIFY of a grant that waited
+// for a prepared handover: left out of the grant, so that the listeners'
+// wake-ups do not compete with the successor's first moments as leader,
+// and sent noticeDelay later if the grant still holds then, never if it
+// was released meanwhile (whose own notice must stay the last word).
+func TestWaitedGrantNoticeDeferred(t *testing.T) {
+	t.Parallel()
+	for _, keep := range []bool{true, false} {
+		t.Run(map[bool]string{true: "held", false: "released"}[keep], func(t *testing.T) {
+			t.Parallel()
+			a := setup(t)
+			alice, bob := candidate("alice"), candidate("bob")
+			const ttl = 20 * time.Second
+			// Long enough that a grant notice heard within the first
+			// second was not deferred, however busy the machine.
+			const delay = 3 * time.Second
+			l := mustGrant(t, a.store, "wg", alice, ttl)
+			heard := heardOn(t, a, a.store.opts.Channel)
+			succ := position(t, a, "wg", bob, ttl, func(s *LeaseStore) { s.noticeDelay = delay })
+			p := mustPrepare(t, a.store, "wg", alice, l.Term, bob)
+			heard(10 * time.Millisecond) // the preparation's own notice
+			if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+				t.Fatal(err)
+			}
+			r := succ.result(t)
+			if !r.granted {
+				t.Fatalf("the successor was not granted the lease: %+v", r.lease)
+			}
+			if keep {
+				if got := heard(time.Second); len(got) > 0 {
+					t.Fatalf("within a second of the waited grant the listeners heard %q; want nothing until %v after it", got, delay)
+				}
+				if got, want := heard(delay+time.Second), []string{payloadGrant + "wg"}; !slices.Equal(got, want) {
+					t.Fatalf("after the delay the listeners heard %q; want the grant's notice %q", got, want)
+				}
+				return
+			}
+			if err := succ.b.store.Release(callCtx(t), "wg", bob.Token, r.lease.Term); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := heard(delay+time.Second), []string{"wg"}; !slices.Equal(got, want) {
+				t.Fatalf("the successor released its waited grant before the delay; the listeners heard %q, want the release's notice %q alone", got, want)
 			}
 		})
 	}

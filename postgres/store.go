@@ -155,6 +155,13 @@
 // NOTIFY is sent only 5 ms later, by the same round trip, and only if the
 // lease is still free (a NOTIFY wakes the backend and the process of every
 // listener, which would compete for the CPU with the successor's grant).
+// For the same reason the waited grant sends no NOTIFY as it commits: the
+// successor's store sends it 5 ms later, if the grant still holds, so the
+// watchers of grants (Watch) learn of it that much later. Both sides
+// have the server plan their statements before the commit, under
+// plan_cache_mode force_generic_plan (an EXPLAIN of the prepared
+// statement, which keeps the plan), so that neither plans nor reads the
+// catalog between the release and the grant.
 // PrepareHandover returns once the
 // successor waits (it looks in pg_locks every millisecond), or after the
 // wait it was given.
@@ -539,6 +546,9 @@ type LeaseStore struct {
 	// preps are the handovers prepared and not yet ended (see
 	// PrepareHandover).
 	preps preparations
+	// later are the grant notices sent after a delay (see
+	// noticeGrantLater).
+	later laterNotices
 	// waitedGrants counts the grants of Acquire statements that waited
 	// for a prepared handover (acquireWaiting); tests read it.
 	waitedGrants atomic.Int64
@@ -591,6 +601,7 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 	}
 	s.candidates = newCandidates(own, opts, StrategyLease)
 	s.renewals = newRenewBatcher(s)
+	s.later.ctx, s.later.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
 
@@ -614,6 +625,7 @@ func (s *LeaseStore) ResetConnections() {
 func (s *LeaseStore) Close() {
 	s.wakeups.Close()
 	s.preps.close()
+	s.later.close()
 	s.pool.Close()
 	s.waits.Close()
 }
@@ -740,6 +752,7 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 	l := r.lease(name)
 	if granted && waited {
 		s.waitedGrants.Add(1)
+		s.noticeGrantLater(name, c.Token, r.term)
 	}
 	if granted {
 		l.Remaining = min(l.Remaining, ttl)

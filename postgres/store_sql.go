@@ -10,6 +10,10 @@ const maxPayloadLength = MaxNotifyPayloadLen
 // statements are the store's SQL, with the table name filled in.
 type statements struct {
 	acquire, renewBatch, release, observe, request string
+	// acquireQuiet is acquire without its NOTIFY, and grantNotice sends
+	// that NOTIFY if the grant still holds (a grant that waited for a
+	// prepared handover: see LeaseStore.acquireWaiting).
+	acquireQuiet, grantNotice string
 	// releaseQuiet is release without its NOTIFY, and freedNotice sends
 	// that NOTIFY if the lease is still free (a prepared handover's
 	// Commit: see preparedHandover.Commit).
@@ -68,6 +72,65 @@ WITH released AS (
 )
 SELECT count(*) FROM notified`, table, notify, expiry(hb), clearedTransfer)
 	}
+	acquire := func(notify string) string {
+		return fmt.Sprintf(`
+WITH st AS MATERIALIZED (
+	SELECT s.term_floor FROM %[7]s AS s WHERE s.name = $1 AND s.strategy = 'lease' FOR KEY SHARE
+), %[8]s, reserved AS MATERIALIZED (
+	SELECT l.term, %[9]s FROM %[1]s AS l WHERE l.name = $1 AND %[10]s
+), killed AS (
+	UPDATE %[5]s AS h SET dead = true
+	FROM %[1]s AS k
+	WHERE k.name = $1 AND h.id = k.heartbeat AND h.expires_at <= clock_timestamp()
+	RETURNING h.id
+), granted AS (
+	INSERT INTO %[1]s AS l (name, term, holder_token, holder_id, acquired_at, renewed_at, expires_at, priority, reason)
+	SELECT $1, greatest(st.term_floor, ep.floor) + 1, $2, $3, c.now, c.now, c.now + $4::interval, $6, ''
+	FROM clock_timestamp() AS c(now), st, ep
+	WHERE ep.ok AND NOT EXISTS (SELECT FROM reserved)
+	ON CONFLICT (name) DO UPDATE
+	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, priority, reason, %[11]s) = (
+		SELECT greatest(l.term, st.term_floor, ep.floor) + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL,
+			excluded.priority, %[12]s, %[13]s
+		FROM clock_timestamp() AS c(now), st, ep
+	)
+	WHERE (SELECT ep.ok FROM ep) AND NOT %[14]s AND (
+		l.holder_token IS NULL
+		OR l.holder_token = excluded.holder_token
+		OR (l.heartbeat IS NULL AND l.expires_at <= clock_timestamp())
+		OR l.heartbeat IN (SELECT id FROM killed))
+	RETURNING l.name, l.term, l.holder_id, l.acquired_at, l.expires_at, %[9]s
+), notified AS (
+	SELECT %[2]s FROM granted
+), durable AS (
+	SELECT %[4]s FROM granted
+), %[19]s, existing AS (
+	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, %[6]s AS expires_at, %[9]s
+	FROM %[1]s AS l
+	WHERE l.name = $1 AND NOT EXISTS (SELECT FROM reserved)
+	FOR UPDATE OF l
+)
+SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
+	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable), true, %[15]s
+FROM granted AS g
+UNION ALL
+SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, nullif(l.expires_at, '-infinity'),
+	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0, EXISTS (SELECT FROM st), %[16]s
+FROM existing AS l, clock_timestamp() AS c(now)
+WHERE NOT EXISTS (SELECT FROM granted)
+UNION ALL
+SELECT false, 0::bigint, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, false, %[17]s
+WHERE NOT EXISTS (SELECT FROM st) AND NOT EXISTS (SELECT FROM %[1]s AS l WHERE l.name = $1)
+UNION ALL
+SELECT false, r.term, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, EXISTS (SELECT FROM st), %[18]s
+FROM reserved AS r`,
+			table, notify, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), st,
+			epochCTEs(opts.qualifiedEpochTable(), "$4::interval"),
+			transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
+			grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
+			reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
+			enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}))
+	}
 	return statements{
 		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel,
 		// $6 priority.
@@ -119,63 +182,8 @@ SELECT count(*) FROM notified`, table, notify, expiry(hb), clearedTransfer)
 		// strategy's, "enlisting" and "enlisted" enlist the candidate
 		// for EnlistFactor times the TTL, whatever refused it (see
 		// enlistCTEs); a grant writes no entry.
-		acquire: fmt.Sprintf(`
-WITH st AS MATERIALIZED (
-	SELECT s.term_floor FROM %[7]s AS s WHERE s.name = $1 AND s.strategy = 'lease' FOR KEY SHARE
-), %[8]s, reserved AS MATERIALIZED (
-	SELECT l.term, %[9]s FROM %[1]s AS l WHERE l.name = $1 AND %[10]s
-), killed AS (
-	UPDATE %[5]s AS h SET dead = true
-	FROM %[1]s AS k
-	WHERE k.name = $1 AND h.id = k.heartbeat AND h.expires_at <= clock_timestamp()
-	RETURNING h.id
-), granted AS (
-	INSERT INTO %[1]s AS l (name, term, holder_token, holder_id, acquired_at, renewed_at, expires_at, priority, reason)
-	SELECT $1, greatest(st.term_floor, ep.floor) + 1, $2, $3, c.now, c.now, c.now + $4::interval, $6, ''
-	FROM clock_timestamp() AS c(now), st, ep
-	WHERE ep.ok AND NOT EXISTS (SELECT FROM reserved)
-	ON CONFLICT (name) DO UPDATE
-	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, priority, reason, %[11]s) = (
-		SELECT greatest(l.term, st.term_floor, ep.floor) + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL,
-			excluded.priority, %[12]s, %[13]s
-		FROM clock_timestamp() AS c(now), st, ep
-	)
-	WHERE (SELECT ep.ok FROM ep) AND NOT %[14]s AND (
-		l.holder_token IS NULL
-		OR l.holder_token = excluded.holder_token
-		OR (l.heartbeat IS NULL AND l.expires_at <= clock_timestamp())
-		OR l.heartbeat IN (SELECT id FROM killed))
-	RETURNING l.name, l.term, l.holder_id, l.acquired_at, l.expires_at, %[9]s
-), notified AS (
-	SELECT pg_notify($5, %[2]s) FROM granted
-), durable AS (
-	SELECT %[4]s FROM granted
-), %[19]s, existing AS (
-	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, %[6]s AS expires_at, %[9]s
-	FROM %[1]s AS l
-	WHERE l.name = $1 AND NOT EXISTS (SELECT FROM reserved)
-	FOR UPDATE OF l
-)
-SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
-	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable), true, %[15]s
-FROM granted AS g
-UNION ALL
-SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, nullif(l.expires_at, '-infinity'),
-	CASE WHEN %[3]s THEN l.expires_at - c.now ELSE interval '0' END, 0, EXISTS (SELECT FROM st), %[16]s
-FROM existing AS l, clock_timestamp() AS c(now)
-WHERE NOT EXISTS (SELECT FROM granted)
-UNION ALL
-SELECT false, 0::bigint, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, false, %[17]s
-WHERE NOT EXISTS (SELECT FROM st) AND NOT EXISTS (SELECT FROM %[1]s AS l WHERE l.name = $1)
-UNION ALL
-SELECT false, r.term, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, EXISTS (SELECT FROM st), %[18]s
-FROM reserved AS r`,
-			table, grantPayload, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), st,
-			epochCTEs(opts.qualifiedEpochTable(), "$4::interval"),
-			transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
-			grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
-			reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
-			enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"})),
+		acquire:      acquire(`pg_notify($5, ` + grantPayload + `)`),
+		acquireQuiet: acquire(`$5::text`),
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired
@@ -219,6 +227,17 @@ WITH free AS MATERIALIZED (
 	SELECT name, successor_token, reserved_until FROM %[1]s WHERE name = $1 AND holder_token IS NULL FOR UPDATE
 )
 SELECT pg_notify($2, %[2]s) FROM free`, table, freedPayload),
+
+		// The NOTIFY of a grant, if the lease is still held by it: $1
+		// name, $2 the holder's token, $3 its term, $4 channel. "held"
+		// locks the row (FOR SHARE), so that a release under way is
+		// waited for and then seen, and no notice of the grant can follow
+		// the release's. Returns a row if it sent one.
+		grantNotice: fmt.Sprintf(`
+WITH held AS MATERIALIZED (
+	SELECT name FROM %[1]s WHERE name = $1 AND holder_token = $2 AND term = $3 FOR SHARE
+)
+SELECT pg_notify($4, %[2]s) FROM held`, table, grantPayload),
 
 		// Observe: $1 name.
 		observe: fmt.Sprintf(`
