@@ -88,21 +88,52 @@ const (
 	waitedAcquireStmt = "leader_waited_acquire"
 )
 
-// handoverWarmUp has the server plan Commit's releases on a preparation's
-// connection, under force_generic_plan (which the connection keeps: it
-// runs only the store's own statements), without running them: the
-// plans are kept with the prepared statements. Its arguments are
-// placeholders; a generic plan does not depend on them.
+// handoverWarmUp has the server plan Commit's statements on a
+// preparation's connection, under force_generic_plan, without running
+// them: the plans are kept with the prepared statements. The connection
+// keeps the setting; the store's waits connections run the store's
+// statements alone (and whatever hooks the caller's pool configuration
+// gave them), for which generic plans are the right ones. Its arguments
+// are placeholders; a generic plan does not depend on them. It runs
+// outside a transaction, so that the planning's locks on the tables are
+// let go at once.
 const handoverWarmUp = `SET plan_cache_mode = force_generic_plan;
 EXPLAIN (COSTS OFF) EXECUTE ` + handoverReleaseStmt + `(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
-EXPLAIN (COSTS OFF) EXECUTE ` + handoverReleaseQuietStmt + `(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)`
+EXPLAIN (COSTS OFF) EXECUTE ` + handoverReleaseQuietStmt + `(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+EXPLAIN (COSTS OFF) EXECUTE ` + handoverUnlockStmt + `(NULL, NULL)`
 
 // waitedAcquireWarmUp has the server plan waitedAcquireStmt, under
-// force_generic_plan, without running it: the plan is kept with the
+// force_generic_plan (which the connection keeps, as for
+// handoverWarmUp), without running it: the plan is kept with the
 // prepared statement, so that the statement, run once the handover
 // comes, neither plans nor reads the catalog for it. Its arguments are
 // placeholders; a generic plan does not depend on them.
-const waitedAcquireWarmUp = `EXPLAIN (COSTS OFF) EXECUTE ` + waitedAcquireStmt + `(NULL, NULL, NULL, NULL, NULL, NULL)`
+const waitedAcquireWarmUp = `SET plan_cache_mode = force_generic_plan;
+EXPLAIN (COSTS OFF) EXECUTE ` + waitedAcquireStmt + `(NULL, NULL, NULL, NULL, NULL, NULL)`
+
+// warmWaitedAcquire prepares waitedAcquireStmt on conn and has the
+// server plan it (waitedAcquireWarmUp), in a round trip before the
+// waiting transaction, so that the planning's locks on the tables are
+// not held while the successor waits (DDL would queue behind them, and
+// everything else behind the DDL). It reports whether the statement is
+// ready. It is not under the simple protocol, which runs no prepared
+// statement, or when a statement failed: the wait then runs the
+// statement's text, planned after the release, as before.
+func (s *LeaseStore) warmWaitedAcquire(ctx context.Context, conn *pgx.Conn) bool {
+	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+		return false
+	}
+	_, err := conn.Prepare(ctx, waitedAcquireStmt, s.sql.acquireQuiet)
+	if err == nil {
+		_, err = conn.Exec(ctx, waitedAcquireWarmUp, pgx.QueryExecModeSimpleProtocol)
+	}
+	if err != nil {
+		s.opts.Logger.Debug("planning a successor's statement before its wait failed; it is planned after the release",
+			slog.Any("error", err))
+		return false
+	}
+	return true
+}
 
 // handoverNoticeDelay is how long after a prepared handover's unlock its
 // Commit sends the release's NOTIFY, if the lease is still free then,
@@ -184,15 +215,20 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 	if err == nil {
 		_, err = conn.Exec(ctx, `SELECT pg_notify($1, $2)`, s.opts.Channel, payload)
 	}
-	// While the successor wakes, the server plans the releases (see
-	// handoverWarmUp), so that the commit neither plans nor reads the
-	// catalog for them.
-	if err == nil {
-		_, err = conn.Exec(ctx, handoverWarmUp, pgx.QueryExecModeSimpleProtocol)
-	}
 	if err != nil {
 		p.Abort()
 		return nil, wrapError(ctx, what, err)
+	}
+	// While the successor wakes, the server plans the commit's
+	// statements (see handoverWarmUp), so that the commit neither plans
+	// nor reads the catalog for them; best effort.
+	if _, err := conn.Exec(ctx, handoverWarmUp, pgx.QueryExecModeSimpleProtocol); err != nil {
+		if ctx.Err() != nil {
+			p.Abort()
+			return nil, wrapError(ctx, what, err)
+		}
+		s.opts.Logger.Debug("planning a handover's commit before it failed; it is planned at the commit",
+			slog.String("name", name), slog.Any("error", err))
 	}
 	p.waited, err = p.awaitSuccessor(ctx, wait)
 	if err != nil {
@@ -444,8 +480,11 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 		return false, nil
 	}
 	defer conn.Release()
-	if _, err := conn.Conn().Prepare(ctx, waitedAcquireStmt, s.sql.acquireQuiet); err != nil {
-		return false, err
+	stmt := s.sql.acquireQuiet
+	if s.warmWaitedAcquire(ctx, conn.Conn()) {
+		stmt = waitedAcquireStmt
+	} else if ctx.Err() != nil {
+		return false, ctx.Err()
 	}
 	b := &pgx.Batch{}
 	// Read committed whatever the role's default, so that the acquire
@@ -455,8 +494,6 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	// that a successor that died meanwhile is not granted the lease; the
 	// acquire statement itself waits for row locks as usual.
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	b.Queue(`SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`)
-	b.Queue(waitedAcquireWarmUp)
 	b.Queue(`SELECT set_config('lock_timeout', $1, true),
 	CASE WHEN current_setting('server_version_num')::int >= 140000
 		THEN set_config('client_connection_check_interval', $2, true) END,
@@ -464,12 +501,10 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 		strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms", strconv.FormatInt(waitCheckEvery.Milliseconds(), 10),
 		int32(handoverClass), s.handoverKey(name))
 	b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
-	b.Queue(waitedAcquireStmt, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority))
+	b.Queue(stmt, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority))
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	_, errBegin := br.Exec()
-	_, errMode := br.Exec()
-	_, errWarm := br.Exec()
 	_, errLock := br.Exec()
 	_, errReset := br.Exec()
 	errRow := br.QueryRow().Scan(dest...)
@@ -479,10 +514,6 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	switch {
 	case errBegin != nil:
 		return false, errBegin
-	case errMode != nil:
-		return false, errMode
-	case errWarm != nil:
-		return false, errWarm
 	case errors.As(errLock, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014"):
 		// lock_not_available, or a statement_timeout of the role's
 		// that came first: the handover did not come in time. The

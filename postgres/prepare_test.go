@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/internal/electortest"
@@ -523,9 +524,14 @@ func TestWaitedGrantNoticeDeferred(t *testing.T) {
 			a := setup(t)
 			alice, bob := candidate("alice"), candidate("bob")
 			const ttl = 20 * time.Second
-			// Long enough that a grant notice heard within the first
-			// second was not deferred, however busy the machine.
-			const delay = 3 * time.Second
+			// The successor's delay: long enough that a grant notice
+			// heard in the second after the commit returned was not
+			// deferred, however busy the machine. The preparer's own
+			// (Commit returns after it) is long too, so that its notice of
+			// the release, if the successor's grant had not locked the
+			// row by then, is not sent before the grant on a slow machine.
+			const delay = 6 * time.Second
+			a.store.noticeDelay = 2 * time.Second
 			l := mustGrant(t, a.store, "wg", alice, ttl)
 			heard := heardOn(t, a, a.store.opts.Channel)
 			succ := position(t, a, "wg", bob, ttl, func(s *LeaseStore) { s.noticeDelay = delay })
@@ -540,7 +546,7 @@ func TestWaitedGrantNoticeDeferred(t *testing.T) {
 			}
 			if keep {
 				if got := heard(time.Second); len(got) > 0 {
-					t.Fatalf("within a second of the waited grant the listeners heard %q; want nothing until %v after it", got, delay)
+					t.Fatalf("in the second after the commit returned (2 s after the waited grant) the listeners heard %q; want nothing until %v after the grant", got, delay)
 				}
 				if got, want := heard(delay+time.Second), []string{payloadGrant + "wg"}; !slices.Equal(got, want) {
 					t.Fatalf("after the delay the listeners heard %q; want the grant's notice %q", got, want)
@@ -554,5 +560,36 @@ func TestWaitedGrantNoticeDeferred(t *testing.T) {
 				t.Fatalf("the successor released its waited grant before the delay; the listeners heard %q, want the release's notice %q alone", got, want)
 			}
 		})
+	}
+}
+
+// TestPreparedHandoverUnderSimpleProtocol checks a prepared handover to a
+// successor whose pool runs the simple protocol (a setting the store
+// supports), under which pgx runs no prepared statement in a batch: the
+// successor waits, and is granted, with the statement's text.
+func TestPreparedHandoverUnderSimpleProtocol(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	cfg := a.pool.Config()
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	simple, err := pgxpool.NewWithConfig(callCtx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(simple.Close)
+	alice, bob := candidate("alice"), candidate("bob")
+	const ttl = 20 * time.Second
+	l := mustGrant(t, a.store, "sp", alice, ttl)
+	succ := position(t, testBundle{pool: simple}, "sp", bob, ttl)
+	p := mustPrepare(t, a.store, "sp", alice, l.Term, bob)
+	if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+		t.Fatal(err)
+	}
+	r := succ.result(t)
+	if !r.granted || r.lease.Term != l.Term+1 {
+		t.Fatalf("the successor on the simple protocol got %+v granted %v; want term %d granted", r.lease, r.granted, l.Term+1)
+	}
+	if n := succ.b.store.waitedGrants.Load(); n != 1 {
+		t.Fatalf("the successor's grants that waited for the handover: %d; want 1", n)
 	}
 }

@@ -157,11 +157,15 @@
 // listener, which would compete for the CPU with the successor's grant).
 // For the same reason the waited grant sends no NOTIFY as it commits: the
 // successor's store sends it 5 ms later, if the grant still holds, so the
-// watchers of grants (Watch) learn of it that much later. Both sides
-// have the server plan their statements before the commit, under
+// watchers of grants (Watch) learn of it that much later (and never if
+// the store is closed first). Both sides have the server plan their
+// statements before the commit, outside any transaction, under
 // plan_cache_mode force_generic_plan (an EXPLAIN of the prepared
-// statement, which keeps the plan), so that neither plans nor reads the
-// catalog between the release and the grant.
+// statement, which keeps the plan; the store's connections for prepared
+// handovers keep the setting), so that neither plans nor reads the
+// catalog between the release and the grant. Under the simple protocol
+// (default_query_exec_mode=simple_protocol) the successor's statement
+// is not prepared, and is planned after the release.
 // PrepareHandover returns once the
 // successor waits (it looks in pg_locks every millisecond), or after the
 // wait it was given.
