@@ -3,21 +3,17 @@ package faults_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/childproc"
 	"github.com/leaderelect/leader/internal/fenced"
 	"github.com/leaderelect/leader/internal/history"
 	"github.com/leaderelect/leader/internal/monotime"
@@ -73,17 +69,10 @@ func TestCandidateChildProcess(t *testing.T) {
 	id, strategy, dir := os.Getenv(childInstance), os.Getenv(childStore), os.Getenv(childDir)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("instance", id)
 
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		stop()
-	}()
-	// Registered before any leadership can start, so that no resumption
+	// Started before any leadership can start, so that no resumption
 	// goes unnoticed.
-	resumed := make(chan os.Signal, 1)
-	signal.Notify(resumed, syscall.SIGCONT)
-	defer signal.Stop(resumed)
+	ctx, resumed, stop := childproc.Child()
+	defer stop()
 
 	// The store, the register's writes and the fenced transactions have
 	// a pool each, so that writes never queue for a connection behind
@@ -283,14 +272,9 @@ func (c *candidateProcess) writeOnResume(ctx context.Context, resumed <-chan os.
 			return
 		case <-resumed:
 		}
-		b, err := os.ReadFile(pauseFile(c.dir, c.id))
+		pausedAt, err := childproc.ReadPause(pauseFile(c.dir, c.id))
 		if err != nil {
-			c.t.Errorf("%s: resumed without a pause file: %v", c.id, err)
-			continue
-		}
-		pausedAt, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			c.t.Errorf("%s: pause file %q: %v", c.id, b, err)
+			c.t.Errorf("%s: resumed without a readable pause file: %v", c.id, err)
 			continue
 		}
 		term, ok := c.ledAt(pausedAt)

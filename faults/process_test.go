@@ -3,26 +3,22 @@ package faults_test
 import (
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leaderelect/leader/internal/childproc"
 	"github.com/leaderelect/leader/internal/electortest"
 	"github.com/leaderelect/leader/internal/fenced"
 	"github.com/leaderelect/leader/internal/history"
-	"github.com/leaderelect/leader/internal/monotime"
 	"github.com/leaderelect/leader/internal/pgtest"
 	"github.com/leaderelect/leader/postgres"
 )
@@ -374,13 +370,8 @@ func newProcessScenario(t *testing.T, strategy string) *processScenario {
 
 // childProcess is a running candidate child process.
 type childProcess struct {
-	id      string
-	cmd     *exec.Cmd
-	stdin   io.Closer // closing it stops the child
-	logPath string
-	killed  bool
-	exited  chan struct{} // closed once Wait has returned
-	err     error         // Wait's, once exited is closed
+	*childproc.Process
+	id string
 }
 
 // start starts a candidate child process, killed when the test ends if it
@@ -389,162 +380,52 @@ func (s *processScenario) start(t *testing.T) *childProcess {
 	t.Helper()
 	id := fmt.Sprint("c", s.started)
 	s.started++
-	c := &childProcess{id: id, logPath: filepath.Join(s.dir, id+".log"), exited: make(chan struct{})}
-	logf, err := os.Create(c.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close() // the child has its own copy
-	c.cmd = exec.Command(os.Args[0], "-test.run=^TestCandidateChildProcess$", "-test.count=1", "-test.timeout=0")
-	c.cmd.Env = append(childEnv(),
+	env := append(childproc.Env(envSoak, childURL, childInstance, childStore, childDir),
 		childURL+"="+s.connString,
 		childInstance+"="+id,
 		childStore+"="+s.strategy,
 		childDir+"="+s.dir,
 	)
-	c.cmd.Stdout, c.cmd.Stderr = logf, logf
-	// A process group of its own: if the test binary dies while the child
-	// is stopped, the group is orphaned and the kernel sends it SIGHUP
-	// then SIGCONT, and SIGHUP ends it. A child that runs ends when its
-	// standard input closes.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if c.stdin, err = c.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.cmd.Start(); err != nil {
-		t.Fatalf("%s: starting the child process: %v", id, err)
-	}
-	go func() {
-		c.err = c.cmd.Wait()
-		close(c.exited)
-	}()
-	t.Cleanup(func() { _, _ = c.kill() })
+	c := &childProcess{childproc.Start(t, id, "TestCandidateChildProcess", filepath.Join(s.dir, id+".log"), env), id}
 	s.children[id] = c
 	return c
 }
 
-// childEnv is the test's environment, less what would make a child do more
-// than campaign: soak mode, and a child's own settings.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		switch name {
-		case envSoak, childURL, childInstance, childStore, childDir:
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
+// kill kills the child (see childproc.Process.Kill).
+func (c *childProcess) kill() (killedAt int64, err error) { return c.Kill() }
 
-// kill kills the child with SIGKILL, takes a CLOCK_MONOTONIC reading as soon
-// as kill(2) has returned, waits for the child to exit and returns the
-// reading. The process can believe nothing after it. Killing a child that
-// has already exited does nothing but return an error saying so.
-func (c *childProcess) kill() (killedAt int64, err error) {
-	select {
-	case <-c.exited:
-		return 0, fmt.Errorf("%s had already exited (%v)", c.id, c.err)
-	default:
-	}
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return 0, fmt.Errorf("%s: SIGKILL: %w", c.id, err)
-	}
-	killedAt, err = monotime.Now()
-	c.killed = true
-	<-c.exited
-	return killedAt, err
-}
-
-// pause stops the child with SIGSTOP, waits until the kernel reports it
-// stopped (every thread of it), and returns a CLOCK_MONOTONIC reading taken
-// then, which it also writes to the child's pause file for the child to
-// read when it resumes.
+// pause stops the child, and writes the reading taken then to its pause
+// file (see childproc.Process.Pause).
 func (s *processScenario) pause(t *testing.T, c *childProcess) (pausedAt int64) {
 	t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatalf("%s: SIGSTOP: %v", c.id, err)
-	}
-	pid := c.cmd.Process.Pid
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		// WUNTRACED reports the stop (once); Wait, in its own
-		// goroutine, waits only for the exit.
-		var ws syscall.WaitStatus
-		got, err := syscall.Wait4(pid, &ws, syscall.WUNTRACED|syscall.WNOHANG, nil)
-		if err != nil {
-			t.Fatalf("%s: waiting for it to stop: %v", c.id, err)
-		}
-		if got == pid && ws.Stopped() {
-			break
-		}
-		if got == pid {
-			t.Fatalf("%s: ended (%v) instead of stopping", c.id, ws)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not stopped %v after SIGSTOP", c.id, 10*time.Second)
-		}
-		time.Sleep(time.Millisecond) // poll interval
-	}
-	pausedAt = monoNow(t)
-	if err := os.WriteFile(pauseFile(s.dir, c.id), []byte(strconv.FormatInt(pausedAt, 10)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return pausedAt
+	return c.Pause(t, pauseFile(s.dir, c.id))
 }
 
-// resume sends the child SIGCONT and returns a CLOCK_MONOTONIC reading taken
-// just before: the child ran not at all between pause and then.
+// resume resumes the child (see childproc.Process.Resume).
 func (c *childProcess) resume(t *testing.T) (resumedAt int64) {
 	t.Helper()
-	resumedAt = monoNow(t)
-	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatalf("%s: SIGCONT: %v", c.id, err)
-	}
-	return resumedAt
+	return c.Resume(t)
 }
 
-// stopAll stops every child that was not killed, all at once, by closing
-// their standard input, and fails the test unless each exits within
-// childStopWithin and its test (campaign, writes, no goroutine leaked)
-// passed.
+// procs returns the children's processes, by ID.
+func (s *processScenario) procs() []*childproc.Process {
+	var ps []*childproc.Process
+	for _, id := range slices.Sorted(maps.Keys(s.children)) {
+		ps = append(ps, s.children[id].Process)
+	}
+	return ps
+}
+
+// stopAll stops every child that was not killed, all at once, and fails
+// the test unless each exits within childStopWithin and its test
+// (campaign, writes, no goroutine leaked) passed.
 func (s *processScenario) stopAll(t *testing.T) {
 	t.Helper()
-	var live []*childProcess
-	for _, id := range slices.Sorted(maps.Keys(s.children)) {
-		if c := s.children[id]; !c.killed {
-			_ = c.stdin.Close()
-			live = append(live, c)
-		}
-	}
-	timeout := time.NewTimer(childStopWithin)
-	defer timeout.Stop()
-	for _, c := range live {
-		select {
-		case <-c.exited:
-			if c.err != nil {
-				t.Errorf("%s exited with %v after its standard input closed; see its log", c.id, c.err)
-			}
-		case <-timeout.C:
-			_, _ = c.kill()
-			t.Errorf("%s did not exit within %v of its standard input closing; killed", c.id, childStopWithin)
-		}
-	}
+	childproc.StopAll(t, s.procs(), childStopWithin)
 }
 
 // dumpLogs shows the end of every child's log when the test failed.
-func (s *processScenario) dumpLogs(t *testing.T) {
-	if !t.Failed() {
-		return
-	}
-	for _, id := range slices.Sorted(maps.Keys(s.children)) {
-		c := s.children[id]
-		b, _ := os.ReadFile(c.logPath)
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		t.Logf("log of %s (exit: %v), last lines:\n%s", id, c.err, strings.Join(lines[max(0, len(lines)-40):], "\n"))
-	}
-}
+func (s *processScenario) dumpLogs(t *testing.T) { childproc.DumpLogs(t, s.procs()) }
 
 // waitForLeader waits for a leader with a term above after that has had at
 // least three writes accepted, as the register shows, and returns it.
@@ -556,7 +437,7 @@ func (s *processScenario) waitForLeader(t *testing.T, after uint64, within time.
 	)
 	electortest.Eventually(t, within, fmt.Sprintf("a leader with a term above %d that has written", after), func() bool {
 		writer, latest, writes := s.latestWrite(t)
-		if c := s.children[writer]; c != nil && !c.killed && latest > after && writes >= 3 {
+		if c := s.children[writer]; c != nil && !c.Killed() && latest > after && writes >= 3 {
 			cur, term = c, latest
 			return true
 		}
@@ -629,9 +510,5 @@ func (s *processScenario) checkRegister(t *testing.T, r *result) []fenced.Op {
 // monoNow returns a CLOCK_MONOTONIC reading, the clock of the histories.
 func monoNow(t *testing.T) int64 {
 	t.Helper()
-	at, err := monotime.Now()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return at
+	return childproc.Now(t)
 }

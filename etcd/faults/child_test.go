@@ -6,15 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +18,7 @@ import (
 
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/etcd"
+	"github.com/leaderelect/leader/internal/childproc"
 	"github.com/leaderelect/leader/internal/fenced"
 	"github.com/leaderelect/leader/internal/history"
 	"github.com/leaderelect/leader/internal/monotime"
@@ -130,17 +127,10 @@ func TestCandidateChildProcess(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("instance", id)
 	fail := &childFailures{t: t, dir: dir, id: id}
 
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		stop()
-	}()
-	// Registered before any leadership can start, so that no resumption
+	// Started before any leadership can start, so that no resumption
 	// goes unnoticed.
-	resumed := make(chan os.Signal, 1)
-	signal.Notify(resumed, syscall.SIGCONT)
-	defer signal.Stop(resumed)
+	ctx, resumed, stop := childproc.Child()
+	defer stop()
 
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -302,17 +292,12 @@ func (c *childCandidate) ledAt(name string, at int64) (uint64, bool) {
 // lastPause returns the CLOCK_MONOTONIC reading the test left in the
 // pause file during the process's latest pause, if it was ever paused.
 func (c *childCandidate) lastPause() (int64, bool) {
-	b, err := os.ReadFile(pauseFile(c.dir, c.id))
+	pausedAt, err := childproc.ReadPause(pauseFile(c.dir, c.id))
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, false
 	}
 	if err != nil {
 		c.fail.errorf("reading the pause file: %v", err)
-		return 0, false
-	}
-	pausedAt, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		c.fail.errorf("pause file %q: %v", b, err)
 		return 0, false
 	}
 	return pausedAt, true

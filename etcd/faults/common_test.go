@@ -24,9 +24,9 @@ import (
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/etcd"
 	"github.com/leaderelect/leader/etcd/etcdtest"
+	"github.com/leaderelect/leader/internal/childproc"
 	"github.com/leaderelect/leader/internal/fenced"
 	"github.com/leaderelect/leader/internal/history"
-	"github.com/leaderelect/leader/internal/monotime"
 	"github.com/leaderelect/leader/internal/pgtest"
 )
 
@@ -529,11 +529,7 @@ func settleFor() time.Duration {
 // now reads CLOCK_MONOTONIC, the clock of the histories.
 func now(t *testing.T) int64 {
 	t.Helper()
-	at, err := monotime.Now()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return at
+	return childproc.Now(t)
 }
 
 func testLogger(instance string) *slog.Logger {

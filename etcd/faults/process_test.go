@@ -6,16 +6,13 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader/etcd/etcdtest"
+	"github.com/leaderelect/leader/internal/childproc"
 	"github.com/leaderelect/leader/internal/fenced"
 	"github.com/leaderelect/leader/internal/history"
-	"github.com/leaderelect/leader/internal/monotime"
 	"github.com/leaderelect/leader/internal/pgtest"
 )
 
@@ -377,14 +374,8 @@ func newProcessEnv(t *testing.T) *processEnv {
 
 // child is a candidate child process.
 type child struct {
-	t       *testing.T
-	id      string
-	cmd     *exec.Cmd
-	stdin   io.Closer // closing it stops the child
-	logPath string
-	killed  bool
-	exited  chan struct{} // closed once Wait has returned
-	err     error         // Wait's, once exited is closed
+	*childproc.Process
+	id string
 }
 
 // start starts a candidate child process, killed when the test ends if
@@ -394,150 +385,48 @@ func (s *processEnv) start() *child {
 	t.Helper()
 	id := fmt.Sprint("c", s.started)
 	s.started++
-	c := &child{t: t, id: id, logPath: filepath.Join(s.dir, id+".log"), exited: make(chan struct{})}
-	logf, err := os.Create(c.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close() // the child has its own copy
-	c.cmd = exec.Command(os.Args[0], "-test.run=^TestCandidateChildProcess$", "-test.count=1", "-test.timeout=0")
-	c.cmd.Env = append(childEnv(),
+	env := append(childproc.Env(envSoak, childEndpoints, childURL, childInstance, childDir),
 		childEndpoints+"="+strings.Join(s.cluster.Endpoints(), ","),
 		childURL+"="+s.connString,
 		childInstance+"="+id,
 		childDir+"="+s.dir,
 	)
-	c.cmd.Stdout, c.cmd.Stderr = logf, logf
-	// A process group of its own: if the test binary dies while the
-	// child is stopped, the group is orphaned and the kernel sends it
-	// SIGHUP then SIGCONT, and SIGHUP ends it. A child that runs ends
-	// when its standard input closes.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if c.stdin, err = c.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.cmd.Start(); err != nil {
-		t.Fatalf("%s: starting the child process: %v", id, err)
-	}
-	go func() {
-		c.err = c.cmd.Wait()
-		close(c.exited)
-	}()
-	t.Cleanup(func() { _, _ = c.kill() })
+	c := &child{childproc.Start(t, id, "TestCandidateChildProcess", filepath.Join(s.dir, id+".log"), env), id}
 	s.children[id] = c
 	return c
 }
 
-// childEnv is the test's environment, less what would make a child do
-// more than campaign: soak mode, and a child's own settings.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		switch name {
-		case envSoak, childEndpoints, childURL, childInstance, childDir:
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
+// kill kills the child (see childproc.Process.Kill).
+func (c *child) kill() (killedAt int64, err error) { return c.Kill() }
 
-// kill kills the child with SIGKILL, takes a CLOCK_MONOTONIC reading as
-// soon as kill(2) has returned, waits for the child to exit and returns
-// the reading: the process can believe nothing after it. Killing a child
-// that has already exited does nothing but return an error saying so.
-func (c *child) kill() (killedAt int64, err error) {
-	select {
-	case <-c.exited:
-		return 0, fmt.Errorf("%s had already exited (%v)", c.id, c.err)
-	default:
-	}
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return 0, fmt.Errorf("%s: SIGKILL: %w", c.id, err)
-	}
-	killedAt, err = monotime.Now()
-	c.killed = true
-	<-c.exited
-	return killedAt, err
-}
-
-// pause stops the child with SIGSTOP, waits until the kernel reports it
-// stopped (every thread of it), and returns a CLOCK_MONOTONIC reading
-// taken then, which it also writes to the child's pause file for the
-// child to read when it resumes.
+// pause stops the child, and writes the reading taken then to its pause
+// file (see childproc.Process.Pause).
 func (s *processEnv) pause(c *child) (pausedAt int64) {
-	t := s.t
-	t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatalf("%s: SIGSTOP: %v", c.id, err)
-	}
-	pid := c.cmd.Process.Pid
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		// WUNTRACED reports the stop (once); Wait, in its own
-		// goroutine, waits only for the exit.
-		var ws syscall.WaitStatus
-		got, err := syscall.Wait4(pid, &ws, syscall.WUNTRACED|syscall.WNOHANG, nil)
-		if err != nil {
-			t.Fatalf("%s: waiting for it to stop: %v", c.id, err)
-		}
-		if got == pid && ws.Stopped() {
-			break
-		}
-		if got == pid {
-			t.Fatalf("%s: ended (%v) instead of stopping", c.id, ws)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not stopped %v after SIGSTOP", c.id, 10*time.Second)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	pausedAt = now(t)
-	if err := os.WriteFile(pauseFile(s.dir, c.id), []byte(strconv.FormatInt(pausedAt, 10)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return pausedAt
+	s.t.Helper()
+	return c.Pause(s.t, pauseFile(s.dir, c.id))
 }
 
-// resume sends the child SIGCONT and returns a CLOCK_MONOTONIC reading
-// taken just before: the child ran not at all between its pause and then.
+// resume resumes the child (see childproc.Process.Resume).
 func (c *child) resume(t *testing.T) (resumedAt int64) {
 	t.Helper()
-	resumedAt = now(t)
-	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatalf("%s: SIGCONT: %v", c.id, err)
-	}
-	return resumedAt
+	return c.Resume(t)
 }
 
-// stopAll stops every child that was not killed, all at once, by closing
-// their standard input, and fails the test unless each exits within
-// childStopWithin and its test (campaign, writes, no goroutine leaked)
-// passed.
-func (s *processEnv) stopAll() {
-	t := s.t
-	t.Helper()
-	var live []*child
+// procs returns the children's processes, by ID.
+func (s *processEnv) procs() []*childproc.Process {
+	var ps []*childproc.Process
 	for _, id := range slices.Sorted(maps.Keys(s.children)) {
-		if c := s.children[id]; !c.killed {
-			_ = c.stdin.Close()
-			live = append(live, c)
-		}
+		ps = append(ps, s.children[id].Process)
 	}
-	timeout := time.NewTimer(childStopWithin)
-	defer timeout.Stop()
-	for _, c := range live {
-		select {
-		case <-c.exited:
-			if c.err != nil {
-				t.Errorf("%s exited with %v after its standard input closed; see its log", c.id, c.err)
-			}
-		case <-timeout.C:
-			_, _ = c.kill()
-			t.Errorf("%s did not exit within %v of its standard input closing; killed", c.id, childStopWithin)
-		}
-	}
+	return ps
+}
+
+// stopAll stops every child that was not killed, all at once, and fails
+// the test unless each exits within childStopWithin and its test
+// (campaign, writes, no goroutine leaked) passed.
+func (s *processEnv) stopAll() {
+	s.t.Helper()
+	childproc.StopAll(s.t, s.procs(), childStopWithin)
 }
 
 // checkFailFiles fails the test with the contents of every child's fail
@@ -550,23 +439,13 @@ func (s *processEnv) checkFailFiles() {
 		case err != nil:
 			s.t.Errorf("%s: reading its fail file: %v", id, err)
 		default:
-			s.t.Errorf("%s (killed: %v) reported failures:\n%s", id, s.children[id].killed, strings.TrimSpace(string(b)))
+			s.t.Errorf("%s (killed: %v) reported failures:\n%s", id, s.children[id].Killed(), strings.TrimSpace(string(b)))
 		}
 	}
 }
 
 // dumpLogs shows the end of every child's log when the test failed.
-func (s *processEnv) dumpLogs() {
-	if !s.t.Failed() {
-		return
-	}
-	for _, id := range slices.Sorted(maps.Keys(s.children)) {
-		c := s.children[id]
-		b, _ := os.ReadFile(c.logPath)
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		s.t.Logf("log of %s (exit: %v), last lines:\n%s", id, c.err, strings.Join(lines[max(0, len(lines)-40):], "\n"))
-	}
-}
+func (s *processEnv) dumpLogs() { childproc.DumpLogs(s.t, s.procs()) }
 
 // latest returns the writer and the term of the latest accepted write to
 // name's register, and how many writes that leader had made in that term
@@ -610,7 +489,7 @@ func (s *processEnv) leaderOf(name string, after uint64, within time.Duration) (
 	)
 	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		writer, term, writes = s.latest(name)
-		if c := s.children[writer]; c != nil && !c.killed && term > after && writes >= 3 {
+		if c := s.children[writer]; c != nil && !c.Killed() && term > after && writes >= 3 {
 			return c, term
 		}
 	}
