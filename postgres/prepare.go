@@ -123,7 +123,7 @@ func (s *LeaseStore) warmWaitedAcquire(ctx context.Context, conn *pgx.Conn) bool
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
 		return false
 	}
-	_, err := conn.Prepare(ctx, waitedAcquireStmt, s.sql.acquireQuiet)
+	_, err := conn.Prepare(ctx, waitedAcquireStmt, s.sql.acquire)
 	if err == nil {
 		_, err = conn.Exec(ctx, waitedAcquireWarmUp, pgx.QueryExecModeSimpleProtocol)
 	}
@@ -480,7 +480,7 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 		return false, nil
 	}
 	defer conn.Release()
-	stmt := s.sql.acquireQuiet
+	stmt := s.sql.acquire
 	if s.warmWaitedAcquire(ctx, conn.Conn()) {
 		stmt = waitedAcquireStmt
 	} else if ctx.Err() != nil {
@@ -542,13 +542,13 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	return true, nil
 }
 
-// noticeGrantLater sends the NOTIFY of a grant that waited for a prepared
-// handover (acquireWaiting leaves it out of the grant) once noticeDelay
-// has passed, if the grant still holds. Sent as the grant commits, it
-// would wake every listening backend and process of the database just
-// as the successor starts to lead, and they would take the CPU that its
-// first moments as leader need; followers do not wait for a grant, so
-// only the watchers of grants (Watch) learn of it that much later.
+// noticeGrantLater sends the NOTIFY of a grant (the acquire statement
+// sends none) once noticeDelay has passed, if the grant still holds. Sent
+// as the grant commits, it would wake every listening backend and process
+// of the database just as the new leader starts, and they would take the
+// CPU that its first moments as leader need; followers do not wait for a
+// grant, so only the watchers of grants (Watch) learn of it that much
+// later (see Wake-ups in the package documentation).
 func (s *LeaseStore) noticeGrantLater(name, token string, term int64) {
 	l := &s.later
 	l.mu.Lock()

@@ -593,3 +593,36 @@ func TestPreparedHandoverUnderSimpleProtocol(t *testing.T) {
 		t.Fatalf("the successor's grants that waited for the handover: %d; want 1", n)
 	}
 }
+
+// TestGrantNoticeDeferred checks the NOTIFY of an ordinary grant: sent
+// noticeDelay after the grant by the holder's store, if the grant still
+// holds then, and never after a release of it.
+func TestGrantNoticeDeferred(t *testing.T) {
+	t.Parallel()
+	for _, keep := range []bool{true, false} {
+		t.Run(map[bool]string{true: "held", false: "released"}[keep], func(t *testing.T) {
+			t.Parallel()
+			a := setup(t)
+			// Long enough that a grant notice heard within the first
+			// second was not deferred, however busy the machine.
+			const delay = 3 * time.Second
+			a.store.noticeDelay = delay
+			heard := heardOn(t, a, a.store.opts.Channel)
+			alice := candidate("alice")
+			l := mustGrant(t, a.store, "gn", alice, time.Minute)
+			if keep {
+				if got := heard(time.Second); len(got) > 0 {
+					t.Fatalf("within a second of the grant the listeners heard %q; want nothing until %v after it", got, delay)
+				}
+				if got, want := heard(delay+time.Second), []string{payloadGrant + "gn"}; !slices.Equal(got, want) {
+					t.Fatalf("after the delay the listeners heard %q; want the grant's notice %q", got, want)
+				}
+				return
+			}
+			mustRelease(t, a.store, "gn", alice, l.Term)
+			if got, want := heard(delay+time.Second), []string{"gn"}; !slices.Equal(got, want) {
+				t.Fatalf("the lease was released before its grant's notice was due; the listeners heard %q, want the release's notice %q alone", got, want)
+			}
+		})
+	}
+}

@@ -155,10 +155,8 @@
 // NOTIFY is sent only 5 ms later, by the same round trip, and only if the
 // lease is still free (a NOTIFY wakes the backend and the process of every
 // listener, which would compete for the CPU with the successor's grant).
-// For the same reason the waited grant sends no NOTIFY as it commits: the
-// successor's store sends it 5 ms later, if the grant still holds, so the
-// watchers of grants (Watch) learn of it that much later (and never if
-// the store is closed first). Both sides have the server plan their
+// The grant, like every grant, sends its NOTIFY 5 ms later (see
+// Wake-ups). Both sides have the server plan their
 // statements before the commit, outside any transaction, under
 // plan_cache_mode force_generic_plan (an EXPLAIN of the prepared
 // statement, which keeps the plan; the store's connections for prepared
@@ -296,7 +294,8 @@
 // it with a second one). Renew updates only an unexpired row held by
 // the token under the term, and never inserts. Release clears only such a
 // row and calls pg_notify in the same statement, so the wake-up is sent
-// exactly when the release commits. A new grant sends one too.
+// exactly when the release commits. A new grant sends one too, 5 ms after
+// it commits and only if it still holds then (see Wake-ups).
 //
 // Renewals are batched: the store is a [leader.BatchRenewer], so the
 // Electors of a process that lead on one LeaseStore with one RenewInterval
@@ -474,7 +473,14 @@
 // [LeaseStore.WatchFree], which the Elector's followers use, skips the
 // grants: a follower that raced for the lease and lost learned of the
 // grant from its own attempt, so each handover costs each follower one
-// attempt, not two. If that connection breaks it is opened again with backoff,
+// attempt, not two. A grant's notification is sent 5 ms after the grant,
+// by the new holder's store, and only if the lease is still held under that
+// grant (then no release can follow it): sent as the grant commits, it would
+// wake every listening backend and process of the database at the moment the
+// new leader starts, and on a small machine they took the CPU that its first
+// moments need (a graceful handover took a third longer at p50). Watch thus
+// learns of a grant 5 ms late, and of none whose store closed within those
+// 5 ms. If that connection breaks it is opened again with backoff,
 // and every watcher is then woken once, since it may have missed a
 // notification meanwhile. Where LISTEN cannot work (a server that refuses it,
 // or a transaction-pooling proxy in front of the server, where it is
@@ -756,6 +762,8 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 	l := r.lease(name)
 	if granted && waited {
 		s.waitedGrants.Add(1)
+	}
+	if granted {
 		s.noticeGrantLater(name, c.Token, r.term)
 	}
 	if granted {

@@ -10,10 +10,9 @@ const maxPayloadLength = MaxNotifyPayloadLen
 // statements are the store's SQL, with the table name filled in.
 type statements struct {
 	acquire, renewBatch, release, observe, request string
-	// acquireQuiet is acquire without its NOTIFY, and grantNotice sends
-	// that NOTIFY if the grant still holds (a grant that waited for a
-	// prepared handover: see LeaseStore.acquireWaiting).
-	acquireQuiet, grantNotice string
+	// grantNotice sends the NOTIFY of a grant if the grant still holds:
+	// the acquire statement sends none (see LeaseStore.noticeGrantLater).
+	grantNotice string
 	// releaseQuiet is release without its NOTIFY, and freedNotice sends
 	// that NOTIFY if the lease is still free (a prepared handover's
 	// Commit: see preparedHandover.Commit).
@@ -182,8 +181,9 @@ FROM reserved AS r`,
 		// strategy's, "enlisting" and "enlisted" enlist the candidate
 		// for EnlistFactor times the TTL, whatever refused it (see
 		// enlistCTEs); a grant writes no entry.
-		acquire:      acquire(`pg_notify($5, ` + grantPayload + `)`),
-		acquireQuiet: acquire(`$5::text`),
+		// $5, the channel, is not used: the grant's NOTIFY is sent
+		// noticeDelay later (noticeGrantLater).
+		acquire: acquire(`$5::text`),
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired
