@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -37,12 +36,6 @@ const (
 // registerTable is the table of the fenced register in a process
 // scenario's database.
 const registerTable = "fenced"
-
-// pauseFile is the file in dir in which the test writes, while instance is
-// stopped, a CLOCK_MONOTONIC reading taken during the pause.
-func pauseFile(dir, instance string) string {
-	return filepath.Join(dir, instance+".paused")
-}
 
 // resumedValue is the value of the write a candidate makes when it resumes
 // from a pause during which it led with term.
@@ -272,7 +265,7 @@ func (c *candidateProcess) writeOnResume(ctx context.Context, resumed <-chan os.
 			return
 		case <-resumed:
 		}
-		pausedAt, err := childproc.ReadPause(pauseFile(c.dir, c.id))
+		pausedAt, err := childproc.ReadPause(c.dir, c.id)
 		if err != nil {
 			c.t.Errorf("%s: resumed without a readable pause file: %v", c.id, err)
 			continue

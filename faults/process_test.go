@@ -80,7 +80,7 @@ func runKillScenario(t *testing.T, strategy string, trials int) result {
 		// The kill's timing relative to the renewals, at random.
 		time.Sleep(rand.N(maxInjectDelay + 1))
 		killedTerms = append(killedTerms, term)
-		at, err := cur.kill()
+		at, err := cur.Kill()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,11 +161,11 @@ func runPauseScenario(t *testing.T, strategy string, trials int) result {
 		time.Sleep(rand.N(maxInjectDelay + 1))
 		resumeAt := time.Now().Add(minPause + rand.N(maxPause-minPause+1))
 		p := pauseTrial{instance: cur.id, term: term}
-		p.pausedAt = s.pause(t, cur)
+		p.pausedAt = cur.Pause(t, s.dir)
 		next, nextTerm := s.waitForLeader(t, term, maxProcessTakeover+2*ttl)
 		p.successor, p.successorTerm = next.id, nextTerm
 		time.Sleep(time.Until(resumeAt))
-		p.resumedAt = cur.resume(t)
+		p.resumedAt = cur.Resume(t)
 		s.awaitResumedWrite(t, trial, p)
 		s.awaitEnd(t, p)
 		// A write with the paused term now, whatever the resumed
@@ -389,22 +389,6 @@ func (s *processScenario) start(t *testing.T) *childProcess {
 	c := &childProcess{childproc.Start(t, id, "TestCandidateChildProcess", filepath.Join(s.dir, id+".log"), env), id}
 	s.children[id] = c
 	return c
-}
-
-// kill kills the child (see childproc.Process.Kill).
-func (c *childProcess) kill() (killedAt int64, err error) { return c.Kill() }
-
-// pause stops the child, and writes the reading taken then to its pause
-// file (see childproc.Process.Pause).
-func (s *processScenario) pause(t *testing.T, c *childProcess) (pausedAt int64) {
-	t.Helper()
-	return c.Pause(t, pauseFile(s.dir, c.id))
-}
-
-// resume resumes the child (see childproc.Process.Resume).
-func (c *childProcess) resume(t *testing.T) (resumedAt int64) {
-	t.Helper()
-	return c.Resume(t)
 }
 
 // procs returns the children's processes, by ID.

@@ -565,7 +565,9 @@ type LeaseStore struct {
 	// pooled is set once PrepareHandover found the store behind a
 	// transaction-pooling proxy: it refuses at once from then on.
 	pooled atomic.Bool
-	// noticeDelay is handoverNoticeDelay; tests lengthen it.
+	// noticeDelay is handoverNoticeDelay: how long after a grant its
+	// NOTIFY is sent (noticeGrantLater), and after a prepared handover's
+	// unlock its release's (Commit); tests lengthen it.
 	noticeDelay time.Duration
 }
 

@@ -71,8 +71,10 @@ WITH released AS (
 )
 SELECT count(*) FROM notified`, table, notify, expiry(hb), clearedTransfer)
 	}
-	acquire := func(notify string) string {
-		return fmt.Sprintf(`
+	// The acquire statement: see the statements' comments below. $5, the
+	// channel, is not used but for its type: a grant's NOTIFY is sent
+	// noticeDelay later (noticeGrantLater).
+	acquire := fmt.Sprintf(`
 WITH st AS MATERIALIZED (
 	SELECT s.term_floor FROM %[7]s AS s WHERE s.name = $1 AND s.strategy = 'lease' FOR KEY SHARE
 ), %[8]s, reserved AS MATERIALIZED (
@@ -123,13 +125,12 @@ WHERE NOT EXISTS (SELECT FROM st) AND NOT EXISTS (SELECT FROM %[1]s AS l WHERE l
 UNION ALL
 SELECT false, r.term, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, EXISTS (SELECT FROM st), %[18]s
 FROM reserved AS r`,
-			table, notify, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), st,
-			epochCTEs(opts.qualifiedEpochTable(), "$4::interval"),
-			transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
-			grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
-			reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
-			enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}))
-	}
+		table, `$5::text`, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), st,
+		epochCTEs(opts.qualifiedEpochTable(), "$4::interval"),
+		transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
+		grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
+		reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
+		enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}))
 	return statements{
 		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel,
 		// $6 priority.
@@ -181,9 +182,7 @@ FROM reserved AS r`,
 		// strategy's, "enlisting" and "enlisted" enlist the candidate
 		// for EnlistFactor times the TTL, whatever refused it (see
 		// enlistCTEs); a grant writes no entry.
-		// $5, the channel, is not used: the grant's NOTIFY is sent
-		// noticeDelay later (noticeGrantLater).
-		acquire: acquire(`$5::text`),
+		acquire: acquire,
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired

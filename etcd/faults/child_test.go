@@ -46,12 +46,6 @@ const (
 // both, it renews them with one RenewBatch call per round.
 var processNames = []string{election, election + "-b"}
 
-// pauseFile is the file in dir in which the test writes, while instance
-// is stopped, a CLOCK_MONOTONIC reading taken during the pause.
-func pauseFile(dir, instance string) string {
-	return filepath.Join(dir, instance+".paused")
-}
-
 // failFile is the file in dir to which instance appends a line per
 // failure, created on the first: the test reads it once the child has
 // exited, killed or not, since a killed child's own test output is lost.
@@ -292,7 +286,7 @@ func (c *childCandidate) ledAt(name string, at int64) (uint64, bool) {
 // lastPause returns the CLOCK_MONOTONIC reading the test left in the
 // pause file during the process's latest pause, if it was ever paused.
 func (c *childCandidate) lastPause() (int64, bool) {
-	pausedAt, err := childproc.ReadPause(pauseFile(c.dir, c.id))
+	pausedAt, err := childproc.ReadPause(c.dir, c.id)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, false
 	}

@@ -101,7 +101,7 @@ trials:
 		led := s.leads(cur)
 		led[processNames[0]] = term // it led it a moment ago (settle)
 		victim := cur.id
-		at, err := cur.kill()
+		at, err := cur.Kill()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -205,7 +205,7 @@ trials:
 		led[processNames[0]] = term // it led it a moment ago (settle)
 		p := pauseTrial{id: cur.id}
 		resumeAt := time.Now().Add(minPause + rand.N(maxPause-minPause+1))
-		p.pausedAt = s.pause(cur)
+		p.pausedAt = cur.Pause(s.t, s.dir)
 		for _, name := range processNames {
 			if lt, ok := led[name]; ok {
 				p.led = append(p.led, faulted{name, cur.id, lt, p.pausedAt})
@@ -216,7 +216,7 @@ trials:
 		for _, f := range p.led {
 			c, nt := s.leaderOf(f.name, f.term, maxTakeover+2*ttl)
 			if c == nil {
-				cur.resume(t)
+				cur.Resume(t)
 				break trials
 			}
 			if f.name == processNames[0] {
@@ -224,7 +224,7 @@ trials:
 			}
 		}
 		time.Sleep(time.Until(resumeAt))
-		resumedAt := cur.resume(t)
+		resumedAt := cur.Resume(t)
 		pauses[len(pauses)-1].resumedAt = resumedAt
 		s.awaitResumedWrite(trial, cur.id, term)
 		s.awaitEnd(cur.id, processNames[0], term)
@@ -394,22 +394,6 @@ func (s *processEnv) start() *child {
 	c := &child{childproc.Start(t, id, "TestCandidateChildProcess", filepath.Join(s.dir, id+".log"), env), id}
 	s.children[id] = c
 	return c
-}
-
-// kill kills the child (see childproc.Process.Kill).
-func (c *child) kill() (killedAt int64, err error) { return c.Kill() }
-
-// pause stops the child, and writes the reading taken then to its pause
-// file (see childproc.Process.Pause).
-func (s *processEnv) pause(c *child) (pausedAt int64) {
-	s.t.Helper()
-	return c.Pause(s.t, pauseFile(s.dir, c.id))
-}
-
-// resume resumes the child (see childproc.Process.Resume).
-func (c *child) resume(t *testing.T) (resumedAt int64) {
-	t.Helper()
-	return c.Resume(t)
 }
 
 // procs returns the children's processes, by ID.

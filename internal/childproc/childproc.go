@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -119,9 +120,10 @@ func (p *Process) Kill() (killedAt int64, err error) {
 
 // Pause stops the child with SIGSTOP, waits until the kernel reports it
 // stopped (every thread of it), and returns a CLOCK_MONOTONIC reading
-// taken then, which it also writes to the file pauseFile for the child to
-// read when it resumes.
-func (p *Process) Pause(t testing.TB, pauseFile string) (pausedAt int64) {
+// taken then, which it also writes to the child's pause file in dir (the
+// directory it shares with the child) for the child to read when it
+// resumes (ReadPause).
+func (p *Process) Pause(t testing.TB, dir string) (pausedAt int64) {
 	t.Helper()
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatalf("%s: SIGSTOP: %v", p.id, err)
@@ -149,7 +151,7 @@ func (p *Process) Pause(t testing.TB, pauseFile string) (pausedAt int64) {
 		time.Sleep(time.Millisecond) // poll interval
 	}
 	pausedAt = Now(t)
-	if err := os.WriteFile(pauseFile, []byte(strconv.FormatInt(pausedAt, 10)), 0o644); err != nil {
+	if err := os.WriteFile(pauseFile(dir, p.id), []byte(strconv.FormatInt(pausedAt, 10)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return pausedAt
@@ -236,11 +238,17 @@ func Child() (ctx context.Context, resumed <-chan os.Signal, stop func()) {
 	}
 }
 
-// ReadPause returns the CLOCK_MONOTONIC reading that Pause wrote to file
-// during the child's latest pause, or an error wrapping os.ErrNotExist if
-// the child was never paused.
-func ReadPause(file string) (int64, error) {
-	b, err := os.ReadFile(file)
+// pauseFile is the file in dir in which Pause writes, while the child id
+// is stopped, the CLOCK_MONOTONIC reading taken during the pause.
+func pauseFile(dir, id string) string {
+	return filepath.Join(dir, id+".paused")
+}
+
+// ReadPause returns, in the child id, the CLOCK_MONOTONIC reading that
+// Pause wrote to its pause file in dir during its latest pause, or an
+// error wrapping os.ErrNotExist if it was never paused.
+func ReadPause(dir, id string) (int64, error) {
+	b, err := os.ReadFile(pauseFile(dir, id))
 	if err != nil {
 		return 0, err
 	}

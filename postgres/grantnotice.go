@@ -1,0 +1,60 @@
+package postgres
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// noticeGrantLater sends the NOTIFY of a grant (the acquire statement
+// sends none) once noticeDelay has passed, if the grant still holds. Sent
+// as the grant commits, it would wake every listening backend and process
+// of the database just as the new leader starts, and they would take the
+// CPU that its first moments as leader need; followers do not wait for a
+// grant, so only the watchers of grants (Watch) learn of it that much
+// later (see Wake-ups in the package documentation).
+func (s *LeaseStore) noticeGrantLater(name, token string, term int64) {
+	l := &s.later
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		t := time.NewTimer(s.noticeDelay)
+		defer t.Stop()
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := s.opts.bound(l.ctx)
+		defer cancel()
+		if _, err := s.pool.Exec(ctx, s.sql.grantNotice, name, token, term, s.opts.Channel); err != nil && l.ctx.Err() == nil {
+			s.opts.Logger.Debug("the deferred notice of a grant failed; watchers of grants learn of it at their own time",
+				slog.String("name", name), slog.Any("error", err))
+		}
+	}()
+}
+
+// laterNotices are the notices that a store sends after a delay: Close
+// cancels them, and waits for them to end.
+type laterNotices struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// close cancels the notices not yet sent and waits for those under way.
+func (l *laterNotices) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	l.cancel()
+	l.wg.Wait()
+}
