@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strconv"
 	"sync"
@@ -343,6 +344,17 @@ func (s *AdvisoryStore) connect(ctx context.Context) (*pgx.Conn, error) {
 	if err := checkSession(ctx, conn, "the advisory strategy"); err != nil {
 		closeConn(conn)
 		return nil, err
+	}
+	// The session's statements are planned before its first attempt,
+	// which a released lease's successor makes as the handover's clock
+	// runs (see planAhead); best effort.
+	if err := planAhead(ctx, conn, []string{s.sql.grantQuick, s.sql.grant, s.sql.grantLocked, s.sql.release, s.sql.unlock}); err != nil {
+		if ctx.Err() != nil {
+			closeConn(conn)
+			return nil, err
+		}
+		s.opts.Logger.Debug("planning the advisory strategy's statements on a new session failed; they are planned as they run",
+			slog.Any("error", err))
 	}
 	return conn, nil
 }

@@ -121,10 +121,28 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		args[3], args[4], args[5] = []byte(h.to.Token), []byte(h.to.ID), []byte(h.reason)
 		args[6] = strconv.AppendInt(nil, int64(interval(h.hold)/time.Microsecond), 10)
 	}
+	// Prepared on the session when it was opened (see planAhead), the
+	// two statements are neither parsed nor planned now; otherwise
+	// (under the simple protocol, or if that failed) they are sent with
+	// their text.
+	var release, unlock *pgconn.StatementDescription
+	errRelease, errUnlock := errors.ErrUnsupported, errors.ErrUnsupported
+	if conn.Config().DefaultQueryExecMode != pgx.QueryExecModeSimpleProtocol {
+		release, errRelease = conn.Prepare(ctx, s.sql.release, s.sql.release)
+		unlock, errUnlock = conn.Prepare(ctx, s.sql.unlock, s.sql.unlock)
+	}
 	p := conn.PgConn().StartPipeline(ctx)
-	p.SendQueryParams(s.sql.release, args, nil, nil, nil)
+	if errRelease == nil {
+		p.SendQueryPrepared(release.Name, args, nil, nil)
+	} else {
+		p.SendQueryParams(s.sql.release, args, nil, nil, nil)
+	}
 	p.SendPipelineSync()
-	p.SendQueryParams(s.sql.unlock, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil, nil)
+	if errUnlock == nil {
+		p.SendQueryPrepared(unlock.Name, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil)
+	} else {
+		p.SendQueryParams(s.sql.unlock, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil, nil)
+	}
 	p.SendPipelineSync()
 	if err := p.Flush(); err != nil {
 		return false, false, errors.Join(err, p.Close())

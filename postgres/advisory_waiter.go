@@ -143,6 +143,15 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 		closeConn(conn)
 		return nil, err
 	}
+	// Its looks are planned before the first (see planAhead); best
+	// effort.
+	if err := planAhead(callCtx, conn, []string{s.sql.waiter, s.sql.reserved}); err != nil {
+		if callCtx.Err() != nil {
+			closeConn(conn)
+			return nil, err
+		}
+		s.opts.Logger.Debug("planning a lock waiter's statements failed; they are planned as they run", slog.Any("error", err))
+	}
 	return conn, nil
 }
 

@@ -429,6 +429,15 @@ func (w *wakeups) deferLocked(name string, d time.Duration) {
 // notice said, the free-watchers that it did not wake are woken.
 const deferSlack = 5 * time.Millisecond
 
+// dibsHold is how long a plain release's notice asks the candidates other
+// than the one it names to hold off (see dibsPayload): they are woken
+// dibsHold and deferSlack after it, unless the notice of a grant comes
+// first, which the new holder's store sends noticeDelay after its grant.
+// So a campaigning candidate takes a released lease alone, without the
+// others' attempts competing with its own for the server and the CPU; a
+// named candidate that has stopped costs a handover this much.
+const dibsHold = 3 * time.Millisecond
+
 // notify sends a value on ch unless one is pending already.
 func notify(ch chan struct{}) {
 	select {

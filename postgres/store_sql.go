@@ -1,6 +1,9 @@
 package postgres
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // maxPayloadLength bounds a NOTIFY payload (PostgreSQL refuses 8000 bytes
 // or more). A longer election name is sent as an empty payload, which wakes
@@ -54,6 +57,33 @@ var freedPayload = fmt.Sprintf(`CASE WHEN successor_token IS NOT NULL AND reserv
 		|| ',' || octet_length(successor_token) || ':' || successor_token || name
 	ELSE %s END`, maxPayloadLength-32, payloadHandover, releasePayload)
 
+// dibsPayload is the SQL expression for the NOTIFY payload of a release
+// of row name: a handover's (freedPayload) while the row's reservation
+// runs, and otherwise, if the column first_token names a candidate (see
+// firstCandidate), a handover's to that candidate for dibsHold, which
+// wakes it alone and the other candidates dibsHold (and deferSlack)
+// later, unless a grant's notice comes first. The lease itself is not
+// reserved: it is free for any candidate at once. The columns name,
+// successor_token, reserved_until and first_token must be in scope.
+var dibsPayload = fmt.Sprintf(`CASE WHEN (successor_token IS NULL OR reserved_until <= clock_timestamp())
+		AND first_token IS NOT NULL AND octet_length(name) + octet_length(first_token) <= %d
+	THEN '%s%d,' || octet_length(first_token) || ':' || first_token || name
+	ELSE %s END`, maxPayloadLength-32, payloadHandover, dibsHold/time.Microsecond, freedPayload)
+
+// firstCandidate returns the SQL query for the token of the candidate
+// that a plain release of the lease named by the expression name, held
+// by the token expression holder, wakes first (dibsPayload), as the
+// column first_token: the candidate of the highest priority among the
+// entries of table (the candidates' table) that have not run out, and
+// among equals the one enlisted last (a candidate that campaigns
+// re-enlists at each attempt, so one that stopped without withdrawing
+// falls behind within a TTL); no row if there is none.
+func firstCandidate(table, name, holder string) string {
+	return fmt.Sprintf(`SELECT c.token AS first_token FROM %s AS c
+	WHERE c.name = %s AND c.token <> %s AND c.expires_at > clock_timestamp()
+	ORDER BY c.priority DESC, c.expires_at DESC LIMIT 1`, table, name, holder)
+}
+
 func newStatements(opts Options) statements {
 	table, hb, st := opts.qualifiedTable(), opts.qualifiedHeartbeatTable(), opts.qualifiedStrategyTable()
 	release := func(notify string) string {
@@ -67,9 +97,9 @@ WITH released AS (
 		AND %[3]s > clock_timestamp()
 	RETURNING l.name, l.successor_token, l.reserved_until
 ), notified AS (
-	SELECT %[2]s FROM released
+	SELECT %[2]s FROM released AS r LEFT JOIN LATERAL (%[5]s) AS d ON true
 )
-SELECT count(*) FROM notified`, table, notify, expiry(hb), clearedTransfer)
+SELECT count(*) FROM notified`, table, notify, expiry(hb), clearedTransfer, firstCandidate(opts.qualifiedCandidateTable(), "r.name", "$2"))
 	}
 	// The acquire statement: see the statements' comments below. $5, the
 	// channel, is not used but for its type: a grant's NOTIFY is sent
@@ -214,7 +244,7 @@ RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_
 		// for a plain release), and sends the wake-up in the same
 		// statement (it is delivered when the statement commits).
 		// Returns 1 if released.
-		release:      release(`pg_notify($4, ` + freedPayload + `)`),
+		release:      release(`pg_notify($4, ` + dibsPayload + `)`),
 		releaseQuiet: release(`$4::text`),
 
 		// The NOTIFY of a release, if the lease is still free: $1 name,
