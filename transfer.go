@@ -119,7 +119,7 @@ type HandoverWatcher interface {
 // handover on a store that offers it before its leadership ends, and hands
 // over with PreparedHandover.Commit instead of Transferer.ReleaseTo; a
 // preparation that fails, or that the successor does not answer, costs the
-// handover only that speed. The PostgreSQL lease store implements it.
+// handover only that speed. Both PostgreSQL stores implement it.
 type HandoverPreparer interface {
 	// PrepareHandover tells successor that name's lease, held by token
 	// under term, is about to be handed to it. The successor's next

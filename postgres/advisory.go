@@ -150,6 +150,19 @@ import (
 // for the attempts of the store's other candidates of the name (see
 // Acquire).
 //
+// The AdvisoryStore also implements [leader.HandoverPreparer], as the
+// LeaseStore does (see "Prepared handovers" in the package
+// documentation), with the same lock and notice, taken on the holder's own
+// session: the successor's first grant statement after the notice waits
+// for that lock in the transaction of the statement, which then tries the
+// lease's lock; the release's unlock frees the lease's lock and then every
+// other lock of the session, this one among them, so the successor's
+// statement runs, and takes the lock, as the release ends, without the
+// lock waiter's wake-up or a round trip of its own between them. An
+// abort unlocks the handover's lock alone: the successor's statement runs
+// at once and finds the lease held. A holder whose session ends frees
+// both locks.
+//
 // # Keys
 //
 // The lock's 64-bit key is Options.Key(name), by default AdvisoryKey(name).

@@ -106,7 +106,7 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 			s.handedOver(name, nil) // the reservation, if any, is over
 		}
 		if announce {
-			s.notifyLater(ss, l.Term, false)
+			s.notifyLater(ss, l.Term, false, 0)
 		}
 		return l, granted, nil
 	}
@@ -308,14 +308,29 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 	// waiter's wake-up once the lock is free. Candidates that looked again
 	// every millisecond instead were, on a busy server, what slowed the
 	// grant they were waiting for.
+	//
+	// A successor whose handover was prepared (see PrepareHandover) makes
+	// its first attempt after waiting for the handover, in one round trip
+	// (see grantAfterHandover).
 	queued := false
 	var events <-chan struct{} // the name's events, from the first wait on
+	prepared := s.wakeups.takePrepared(name, c.Token)
 	for attempt := 0; ; attempt++ {
 		stmt := s.sql.grant
 		if attempt < quickAttempts {
 			stmt = s.sql.grantQuick
 		}
-		r, err := s.grantOn(ctx, conn, ss, name, c, stmt, iv, ms, idle, every, hi, lo)
+		var (
+			r      grantResult
+			err    error
+			waited bool
+		)
+		if prepared && attempt == 0 {
+			r, waited, err = s.grantAfterHandover(ctx, conn, ss, name, c, stmt, ttl, grantArgs(ss, name, c, iv, ms, idle, every, hi, lo))
+		}
+		if !waited && err == nil {
+			r, err = s.grantOn(ctx, conn, ss, name, c, stmt, iv, ms, idle, every, hi, lo)
+		}
 		if err != nil {
 			// The statement may have taken the lock before it failed, and
 			// a session lock outlives the failed transaction: close the
@@ -525,13 +540,36 @@ func (r grantResult) lease(name, holderID string, ttl time.Duration) leader.Leas
 // conn, recording a grant in ss.
 func (s *AdvisoryStore) grantOn(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate, stmt string,
 	iv time.Duration, ms, idle, every string, hi, lo int64) (grantResult, error) {
+	return s.grantRow(ctx, conn, ss, name, c, conn.QueryRow(ctx, stmt, grantArgs(ss, name, c, iv, ms, idle, every, hi, lo)...))
+}
+
+// grantArgs are the arguments of the grant statements (see
+// advisoryStatements.grant).
+func grantArgs(ss *session, name string, c leader.Candidate, iv time.Duration, ms, idle, every string, hi, lo int64) []any {
+	return []any{name, ss.key, c.Token, c.ID, iv, ms, idle, every, hi, lo, int32(c.Priority)}
+}
+
+// grantRow reads row, a grant statement's, run on conn, and does what its
+// outcome calls for (see grantOn).
+func (s *AdvisoryStore) grantRow(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate, row pgx.Row) (grantResult, error) {
+	r, err := scanGrant(row)
+	return s.finishGrant(ctx, conn, ss, name, c, r, err)
+}
+
+// scanGrant reads a grant statement's row.
+func scanGrant(row pgx.Row) (grantResult, error) {
 	var (
 		r grantResult
 		n int64
 	)
-	err := conn.QueryRow(ctx, stmt, name, ss.key, c.Token, c.ID, iv, ms, idle, every, hi, lo, int32(c.Priority)).
-		Scan(append([]any{&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining,
-			&r.locked, &r.unreleased, &r.previousPID, &r.marked, &r.mine, &r.epochOK, &r.reserved}, r.transfer.dest()...)...)
+	err := row.Scan(append([]any{&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining,
+		&r.locked, &r.unreleased, &r.previousPID, &r.marked, &r.mine, &r.epochOK, &r.reserved}, r.transfer.dest()...)...)
+	return r, err
+}
+
+// finishGrant does what a grant statement's outcome, r or err, read from
+// its row on conn, calls for (see grantOn).
+func (s *AdvisoryStore) finishGrant(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate, r grantResult, err error) (grantResult, error) {
 	if err != nil {
 		if sqlState(err) == "23505" { // unique_violation: the key, taken by another name at the same moment
 			return r, fmt.Errorf("advisory key %d of %q is used by another election name (raced for its first grant); give one of them another key with Options.Key: %w",

@@ -129,7 +129,7 @@ func TestAdvisoryAnnounceNeedsTheLease(t *testing.T) {
 	if n := nextNotification(t, listener, 10*time.Second); n == nil || n.Payload != name {
 		t.Fatalf("want the release's notification, got %+v", n)
 	}
-	s.notifyLater(ss, l.Term, false) // as if it ran only after the release
+	s.notifyLater(ss, l.Term, false, 0) // as if it ran only after the release
 	if n := nextNotification(t, listener, 300*time.Millisecond); n != nil {
 		t.Errorf("a released lease was announced: %q", n.Payload)
 	}
@@ -268,7 +268,7 @@ func TestAdvisoryReleaseIsNotifiedAfterItsUnlock(t *testing.T) {
 	if n := nextNotification(t, listener, 10*time.Second); n == nil || n.Payload != payloadGrant+name {
 		t.Fatalf("want bob's grant's notification, got %+v", n)
 	}
-	s.notifyLater(ss, l.Term, true)
+	s.notifyLater(ss, l.Term, true, 0)
 	if n := nextNotification(t, listener, 300*time.Millisecond); n != nil {
 		t.Errorf("a release notified after the lease was granted again: %q", n.Payload)
 	}

@@ -4,19 +4,22 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
 // notifyLater sends, in the background, the wake-up of a grant under term
 // to the session ss (or, if released, of its release of the lease under
-// term), on the session, once the call that made it due has its reply:
+// term), on the session, delay after the call that made it due has its
+// reply (a prepared handover's commit delays its release's, see
+// advisoryPrepared.Commit):
 // see advisoryStatements.announce and releaseNotice. A grant's is sent
 // only while the session still holds the lease under term, and the
 // statements check the row themselves. A failure of the statement is the
 // session's: the session is closed, and a lease it holds is lost with it,
 // as it would be at the next heartbeat.
-func (s *AdvisoryStore) notifyLater(ss *session, term uint64, released bool) {
+func (s *AdvisoryStore) notifyLater(ss *session, term uint64, released bool, delay time.Duration) {
 	what, stmt := "grant", s.sql.announce
 	args := []any{ss.name, ss.token, int64(term), s.opts.Channel}
 	if released {
@@ -29,6 +32,15 @@ func (s *AdvisoryStore) notifyLater(ss *session, term uint64, released bool) {
 		return
 	}
 	s.bg.Go(func() {
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-s.bgCtx.Done():
+				t.Stop()
+				return
+			}
+		}
 		ctx, cancel := context.WithTimeout(s.bgCtx, listenCallTimeout)
 		defer cancel()
 		err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {

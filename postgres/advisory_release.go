@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 // advisoryStatements.releaseNotice). The session stays open for the next
 // campaign.
 func (s *AdvisoryStore) Release(ctx context.Context, name, token string, term uint64) error {
-	return s.release(ctx, name, token, term, nil)
+	return s.release(ctx, name, token, term, nil, 0)
 }
 
 // ReleaseTo implements leader.Transferer. It is Release, with the
@@ -33,7 +34,7 @@ func (s *AdvisoryStore) ReleaseTo(ctx context.Context, name, token string, term 
 	if err := checkHandover(name, term, successor, reason, hold); err != nil {
 		return err
 	}
-	return s.release(ctx, name, token, term, &reservation{to: successor, reason: reason, hold: hold})
+	return s.release(ctx, name, token, term, &reservation{to: successor, reason: reason, hold: hold}, 0)
 }
 
 // reservation is what ReleaseTo adds to a release: the successor the
@@ -42,11 +43,17 @@ type reservation struct {
 	to     leader.Candidate
 	reason leader.GrantReason
 	hold   time.Duration
+	// markAfter, if positive (a prepared handover whose successor waits,
+	// see advisoryPrepared.Commit), frees the lease's lock and the
+	// handover's at once and the session's other locks, the mark among
+	// them, markAfter later (see releaseOn).
+	markAfter time.Duration
 }
 
 // release frees the lease of name held by token under term on its
-// session (see Release), reserved as h says if h is not nil.
-func (s *AdvisoryStore) release(ctx context.Context, name, token string, term uint64, h *reservation) error {
+// session (see Release), reserved as h says if h is not nil, and sends
+// the release's notice noticeDelay after (see notifyLater).
+func (s *AdvisoryStore) release(ctx context.Context, name, token string, term uint64, h *reservation, noticeDelay time.Duration) error {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
 	const op = "release"
@@ -88,7 +95,7 @@ func (s *AdvisoryStore) release(ctx context.Context, name, token string, term ui
 		if h != nil {
 			s.handedOver(name, &handoff{token: h.to.Token, until: time.Now().Add(h.hold)})
 		}
-		s.notifyLater(ss, term, true)
+		s.notifyLater(ss, term, true, noticeDelay)
 		return nil
 	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone):
 		return fmt.Errorf("%w: %w", lost, err)
@@ -138,18 +145,48 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		p.SendQueryParams(s.sql.release, args, nil, nil, nil)
 	}
 	p.SendPipelineSync()
-	if errUnlock == nil {
+	markAfter := h != nil && h.markAfter > 0
+	switch {
+	case markAfter:
+		// The successor's statement, waiting for the handover's lock,
+		// runs as it is freed, and takes the lease's lock, freed first.
+		// The lock waiters, which wait on the mark, wake only after the
+		// successor's grant (and find the lease taken, see awaitMark),
+		// rather than beside it.
+		p.SendQueryParams(`SELECT pg_advisory_unlock($1::bigint), pg_advisory_unlock($2::int4, $3::int4)`,
+			[][]byte{strconv.AppendInt(nil, key, 10), strconv.AppendInt(nil, handoverClass, 10), strconv.AppendInt(nil, int64(s.handoverKey(name)), 10)}, nil, nil, nil)
+		p.SendPipelineSync()
+		p.SendQueryParams(`SELECT pg_sleep($1::float8)`, [][]byte{[]byte(strconv.FormatFloat(h.markAfter.Seconds(), 'f', -1, 64))}, nil, nil, nil)
+		p.SendPipelineSync()
+		p.SendQueryParams(s.sql.unlockRest, nil, nil, nil, nil)
+		p.SendPipelineSync()
+	case errUnlock == nil:
 		p.SendQueryPrepared(unlock.Name, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil)
-	} else {
+		p.SendPipelineSync()
+	default:
 		p.SendQueryParams(s.sql.unlock, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil, nil)
+		p.SendPipelineSync()
 	}
-	p.SendPipelineSync()
 	if err := p.Flush(); err != nil {
 		return false, false, errors.Join(err, p.Close())
 	}
 	first, err1 := pipelineRow(p)
 	second, err2 := pipelineRow(p)
-	if err := errors.Join(err1, err2, p.Close()); err != nil {
+	if err1 != nil || err2 != nil {
+		return false, false, errors.Join(err1, err2, p.Close())
+	}
+	if markAfter {
+		// The release and the unlock were answered: what fails after
+		// them only leaves the session in doubt, which closing it ends
+		// (the next call on it finds it closed).
+		_, err3 := pipelineRow(p)
+		_, err4 := pipelineRow(p)
+		if err := errors.Join(err3, err4, p.Close()); err != nil {
+			s.log.Debug("freeing a prepared handover's mark failed; the session is closed, which frees it",
+				slog.String("election", name), slog.Any("error", err))
+			closeConn(conn)
+		}
+	} else if err := p.Close(); err != nil {
 		return false, false, err
 	}
 	if len(first) < 1 || len(second) < 1 {

@@ -10,7 +10,7 @@ import "strings"
 // what makes ownership checks right for every key, negative ones and those
 // at and above 2^32 included.
 type advisoryStatements struct {
-	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, announcedReleaseNotice, unlock, observe, waiter, reserved, heldHere, request string
+	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, announcedReleaseNotice, unlock, unlockRest, observe, waiter, reserved, heldHere, request string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -396,16 +396,36 @@ WITH unlocked AS MATERIALIZED (
 )
 SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM disarmed)`,
 
+		// Unlock rest, the end of a prepared handover's release, whose
+		// lease's lock and handover's lock were unlocked before it (see
+		// releaseOn): lets go of every other advisory lock the session
+		// holds (its mark), and disarms the holder's timeouts, as
+		// unlock does.
+		unlockRest: `
+WITH cleared AS MATERIALIZED (
+	SELECT pg_advisory_unlock_all()
+), disarmed AS (
+	SELECT ` + followerSettings + ` FROM cleared
+)
+SELECT true, (SELECT count(*) FROM disarmed)`,
+
 		// Observe: $1 name, $2 and $3 the key's halves.
 		observe: observeRow(table, "$1", "$2", "$3"),
 
 		// Reserved, what a lock waiter reads as a holder lets go of its
 		// mark: $1 name. The token that the name's released lease is
 		// reserved for, and how long it stays reserved, in microseconds
-		// on the server's clock; no row if it is not reserved.
-		reserved: fill(`SELECT a.successor_token, (extract(epoch FROM a.reserved_until - clock_timestamp()) * 1000000)::bigint
+		// on the server's clock (NULL and 0 if it is not reserved), and
+		// the backend that the row names as its holder (NULL if none: a
+		// backend other than the one that let go has been granted the
+		// lease already, as a prepared handover's successor is); no row
+		// if the name has none.
+		reserved: fill(`SELECT CASE WHEN a.holder_token IS NULL AND a.reserved_until > clock_timestamp() THEN a.successor_token END,
+	CASE WHEN a.holder_token IS NULL AND a.reserved_until > clock_timestamp()
+		THEN (extract(epoch FROM a.reserved_until - clock_timestamp()) * 1000000)::bigint ELSE 0 END,
+	CASE WHEN a.holder_token IS NOT NULL THEN a.holder_pid END
 FROM {t} AS a
-WHERE a.name = $1 AND a.holder_token IS NULL AND a.reserved_until > clock_timestamp()`),
+WHERE a.name = $1`),
 
 		// Waiter, a lock waiter's look: $1 and $2 the key's halves, $3
 		// the name. The PID of the lock's holder (NULL if it is free),

@@ -267,7 +267,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			continue
 		}
 		s.wakeups.expect(name, uint32(*holder))
-		h, err := s.awaitMark(ctx, conn, name, *holder)
+		h, taken, err := s.awaitMark(ctx, conn, name, *holder)
 		// The wake below covers any release that came meanwhile.
 		s.wakeups.settle(name, err == nil)
 		if err != nil {
@@ -284,9 +284,15 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		s.freed[name] = freeing{pid: *holder, at: time.Now()}
 		s.smu.Unlock()
 		owed, gone, wokeFor = false, *holder, *holder
-		if h != nil {
+		switch {
+		case taken:
+			// Granted to another backend already (a prepared handover's
+			// successor, whose grant runs as the holder lets go): the
+			// lease is not free, and waking the followers would only
+			// have each of them try, beside the new leader's start.
+		case h != nil:
 			s.handover(name, h.token, time.Until(h.until))
-		} else {
+		default:
 			s.wake(name)
 		}
 		// Stay out of the way of the candidates just woken, whose
@@ -308,27 +314,31 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 // and returns, read in the same round trip once it has, the reservation
 // of name's lease if it was handed over (nil if not): a holder's release
 // clears (and reserves) the row before it unlocks.
-func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name string, holder int32) (*handoff, error) {
+func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name string, holder int32) (h *handoff, taken bool, err error) {
 	var b pgx.Batch
 	b.Queue("SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", holder)
 	b.Queue(s.sql.reserved, name)
 	br := conn.SendBatch(ctx, &b)
-	_, err := br.Exec()
+	_, err = br.Exec()
 	var (
-		token string
-		left  int64 // microseconds
+		token *string
+		left  int64  // microseconds
+		now   *int32 // the backend the row names as its holder
 	)
 	if err == nil {
-		err = br.QueryRow().Scan(&token, &left)
+		err = br.QueryRow().Scan(&token, &left, &now)
 	}
 	read := time.Now()
 	if err := errors.Join(err, br.Close()); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return nil, err
+		return nil, false, err
 	}
-	if token == "" || left <= 0 {
-		return nil, nil
+	if now != nil && *now != holder {
+		return nil, true, nil
 	}
-	return &handoff{token: token, until: read.Add(time.Duration(left) * time.Microsecond)}, nil
+	if token == nil || *token == "" || left <= 0 {
+		return nil, false, nil
+	}
+	return &handoff{token: *token, until: read.Add(time.Duration(left) * time.Microsecond)}, false, nil
 }
 
 // awaitEvent waits for a value on sub, or for d, or until ctx ends,

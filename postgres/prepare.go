@@ -51,7 +51,13 @@ const (
 // successor of one wait for the other's commit (for its lock_timeout at
 // most).
 func (s *LeaseStore) handoverKey(name string) int32 {
-	sum := sha256.Sum256([]byte("leader:handover:" + s.opts.qualifiedTable() + "\x00" + name))
+	return handoverKeyOf(s.opts.qualifiedTable(), name)
+}
+
+// handoverKeyOf is the second key of the advisory lock of the prepared
+// handovers of name in table (see LeaseStore.handoverKey).
+func handoverKeyOf(table, name string) int32 {
+	sum := sha256.Sum256([]byte("leader:handover:" + table + "\x00" + name))
 	return int32(binary.BigEndian.Uint32(sum[:4]))
 }
 
@@ -247,14 +253,23 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 // awaitSuccessor looks in pg_locks every preparePoll until a session
 // waits for p's lock, or wait has passed, and reports whether one did.
 func (p *preparedHandover) awaitSuccessor(ctx context.Context, wait time.Duration) (bool, error) {
+	return awaitHandoverWaiter(ctx, p.conn, p.key, wait)
+}
+
+// awaitHandoverWaiter looks in pg_locks, on q, every preparePoll until a
+// session waits for the lock of prepared handovers of key, or wait has
+// passed, and reports whether one did.
+func awaitHandoverWaiter(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, key int32, wait time.Duration) (bool, error) {
 	until := time.Now().Add(wait)
 	for {
 		var waiting bool
-		err := p.conn.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks AS l
+		err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks AS l
 	WHERE l.locktype = 'advisory'
 		AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
 		AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 2 AND NOT l.granted)`,
-			int64(handoverClass), int64(uint32(p.key))).Scan(&waiting)
+			int64(handoverClass), int64(uint32(key))).Scan(&waiting)
 		left := time.Until(until)
 		if err != nil || waiting || left <= 0 {
 			return waiting, err

@@ -1,0 +1,240 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/leaderelect/leader"
+)
+
+var _ leader.HandoverPreparer = (*AdvisoryStore)(nil)
+
+// handoverKey returns the second key of the advisory lock of name's
+// prepared handovers (see LeaseStore.handoverKey), for the advisory
+// table.
+func (s *AdvisoryStore) handoverKey(name string) int32 {
+	return handoverKeyOf(s.opts.qualifiedAdvisoryTable(), name)
+}
+
+// PrepareHandover implements leader.HandoverPreparer. On the holder's own
+// session, which holds the lease's lock, it takes the lock of name's
+// prepared handovers (a session lock, keys as for LeaseStore.PrepareHandover),
+// and, on the store's connections, sends a NOTIFY that names the
+// successor's token. The successor's store, told by its listener, makes
+// the successor's next Acquire wait for that lock in the transaction of
+// its first grant statement (see grantAfterHandover). PrepareHandover then
+// looks in pg_locks every millisecond until the successor waits, or wait
+// has passed.
+//
+// Commit is ReleaseTo: the release's second statement unlocks the lease's
+// lock and then every other lock of the session, this one among them, so
+// that the successor's statement, which takes its snapshot and tries the
+// lease's lock once it has this one, finds the lease released, reserved
+// for it, and its lock free. Abort unlocks this lock alone: the
+// successor's statement then runs at once, and finds the lease held.
+//
+// It returns an error wrapping leader.ErrLeaseLost if this store's
+// session of token does not hold the lease under term, and an error
+// without preparing anything if another preparation of the name holds
+// the lock, or if the name and token are too long for a NOTIFY payload.
+// The lease is not touched: it stays held, and can be renewed.
+func (s *AdvisoryStore) PrepareHandover(ctx context.Context, name, token string, term uint64, successor leader.Candidate, wait time.Duration) (leader.PreparedHandover, error) {
+	ctx, cancel := s.opts.bound(ctx)
+	defer cancel()
+	const op = "prepare handover of"
+	what := fmt.Sprintf("%s %q term %d to %s", op, name, term, successor.ID)
+	payload := payloadPrepare + strconv.Itoa(len(successor.Token)) + ":" + successor.Token + name
+	switch {
+	case successor.Token == "":
+		return nil, fmt.Errorf("postgres: %s: the successor has no token", what)
+	case len(payload) > maxPayloadLength:
+		return nil, fmt.Errorf("postgres: %s: the name and the successor's token are too long for a NOTIFY payload (%d bytes, at most %d)", what, len(payload), maxPayloadLength)
+	}
+	ss := s.heldSession(name, token, term)
+	if ss == nil {
+		return nil, fmt.Errorf("postgres: %s: %w", what, leader.ErrLeaseLost)
+	}
+	p := &advisoryPrepared{s: s, ss: ss, name: name, token: token, term: term, successor: successor, key: s.handoverKey(name)}
+	var locked bool
+	err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {
+		if !ss.heldUnder(term) {
+			return errNotHeld
+		}
+		return conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, int32(handoverClass), p.key).Scan(&locked)
+	})
+	switch {
+	case errors.Is(err, errNotHeld) || errors.Is(err, errSessionGone) || errors.Is(err, errSessionDropped):
+		return nil, fmt.Errorf("postgres: %s: %w", what, leader.ErrLeaseLost)
+	case err != nil:
+		// The session stays as it is: whether it took the lock is
+		// unknown, and its release unlocks every lock it holds.
+		return nil, wrapError(ctx, what, err)
+	case !locked:
+		return nil, fmt.Errorf("postgres: %s: another handover of the name is being prepared", what)
+	}
+	p.open = true
+	if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, s.opts.Channel, payload); err != nil {
+		p.Abort()
+		return nil, wrapError(ctx, what, err)
+	}
+	waited, err := awaitHandoverWaiter(ctx, s.pool, p.key, wait)
+	if err != nil {
+		p.Abort()
+		return nil, wrapError(ctx, what, err)
+	}
+	p.waited = waited
+	return p, nil
+}
+
+// advisoryPrepared is a handover that AdvisoryStore.PrepareHandover
+// prepared: the holder's session holds the lock on which the successor
+// waits, until Commit or Abort.
+type advisoryPrepared struct {
+	s           *AdvisoryStore
+	ss          *session
+	name, token string
+	term        uint64
+	successor   leader.Candidate
+	key         int32
+	waited      bool // the successor waited when PrepareHandover returned
+	mu          sync.Mutex
+	open        bool // neither committed nor aborted
+}
+
+// end marks p ended, and reports whether it was open.
+func (p *advisoryPrepared) end() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	was := p.open
+	p.open = false
+	return was
+}
+
+// Commit implements leader.PreparedHandover: it is ReleaseTo, whose
+// second statement also frees the lock on which the successor waits,
+// after the lease's lock. When the successor waited, the release's
+// notice (which only the followers of processes without a lock waiter
+// need, and which wakes every listener's backend) is sent
+// handoverNoticeDelay later, and only if the lease is still free then,
+// and the holder's mark is freed as late, so that neither the listeners
+// nor the lock waiters compete with the successor's grant for the CPU;
+// Commit then returns that much later.
+func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
+	if err := checkHandover(p.name, p.term, p.successor, reason, hold); err != nil {
+		p.Abort()
+		return err
+	}
+	if !p.end() {
+		return fmt.Errorf("postgres: release %q term %d to %s: the prepared handover was committed or aborted already", p.name, p.term, p.successor.ID)
+	}
+	h := &reservation{to: p.successor, reason: reason, hold: hold}
+	var delay time.Duration
+	if p.waited {
+		delay, h.markAfter = handoverNoticeDelay, handoverNoticeDelay
+	}
+	return p.s.release(ctx, p.name, p.token, p.term, h, delay)
+}
+
+// Abort implements leader.PreparedHandover: it unlocks the lock on which
+// the successor waits, on the holder's session. If that fails the lock
+// stays with the session until its release or its end (the successor
+// waits for its lock_timeout at most), rather than the session, and the
+// lease with it, being closed.
+func (p *advisoryPrepared) Abort() {
+	if !p.end() {
+		return
+	}
+	s := p.s
+	ctx, cancel := s.opts.bound(context.Background())
+	defer cancel()
+	err := p.ss.do(ctx, s, false, func(conn *pgx.Conn) error {
+		var unlocked bool
+		err := conn.QueryRow(ctx, handoverUnlock, int32(handoverClass), p.key).Scan(&unlocked)
+		if err == nil && !unlocked {
+			err = errors.New("the session did not hold the lock")
+		}
+		return err
+	})
+	if err != nil && !errors.Is(err, errNotHeld) && !errors.Is(err, errSessionGone) {
+		s.opts.Logger.Debug("aborting a prepared handover failed; its successor waits until its lock_timeout",
+			slog.String("name", p.name), slog.Any("error", err))
+	}
+}
+
+// grantAfterHandover is the first grant attempt, stmt with args, of a
+// successor whose handover was prepared (see PrepareHandover), sent as
+// one batch on conn: in a transaction, it waits for the handover's lock
+// (shared, so that it never holds up the holder's unlock), for a quarter
+// of ttl at most and never past half of what ctx leaves (lock_timeout),
+// and then runs stmt, whose snapshot, taken then, shows the release, and
+// which tries the lease's lock, freed before the handover's. waited
+// reports whether it ran stmt: false if the lock was not had in time (the
+// caller then tries as usual).
+func (s *AdvisoryStore) grantAfterHandover(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate, stmt string, ttl time.Duration, args []any) (r grantResult, waited bool, err error) {
+	wait := ttl / 4
+	if d, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(d)/2)
+	}
+	if wait < time.Millisecond {
+		return r, false, nil
+	}
+	b := &pgx.Batch{}
+	// As for LeaseStore's waiting successor (acquireWaiting): read
+	// committed, so that stmt's snapshot is taken after the lock, and a
+	// server that looks every waitCheckEvery whether this client is still
+	// there.
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue(`SELECT set_config('lock_timeout', $1, true),
+	CASE WHEN current_setting('server_version_num')::int >= 140000
+		THEN set_config('client_connection_check_interval', $2, true) END,
+	pg_advisory_xact_lock_shared($3, $4)`,
+		strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms", strconv.FormatInt(waitCheckEvery.Milliseconds(), 10),
+		int32(handoverClass), s.handoverKey(name))
+	b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
+	b.Queue(stmt, args...)
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	_, errBegin := br.Exec()
+	_, errLock := br.Exec()
+	_, errReset := br.Exec()
+	r, errRow := scanGrant(br.QueryRow())
+	tag, errCommit := br.Exec()
+	errClose := br.Close()
+	var pgErr *pgconn.PgError
+	switch {
+	case errBegin != nil:
+		return r, false, errBegin
+	case errors.As(errLock, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014"):
+		// lock_not_available, or a statement_timeout of the role's
+		// that came first: the handover did not come in time, and
+		// nothing after the wait ran. End the transaction (its lock
+		// was never had), so that the session can be used again.
+		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+			return r, false, err
+		}
+		return r, false, nil
+	case errLock != nil:
+		return r, false, errLock
+	case errReset != nil:
+		return r, false, errReset
+	case errRow != nil:
+		r, err = s.finishGrant(ctx, conn, ss, name, c, r, errRow)
+		return r, true, err
+	case errCommit != nil:
+		return r, false, errCommit
+	case errClose != nil:
+		return r, false, errClose
+	case tag.String() != "COMMIT":
+		return r, false, fmt.Errorf("the transaction ended with %q, not COMMIT", tag.String())
+	}
+	r, err = s.finishGrant(ctx, conn, ss, name, c, r, nil)
+	return r, true, err
+}

@@ -1,0 +1,70 @@
+package postgres
+
+import (
+	"testing"
+	"time"
+
+	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/pgtest"
+)
+
+// TestAdvisoryPreparedHandoverWakesNoOtherFollower checks that a prepared
+// handover of the advisory strategy whose successor waited is taken by the
+// successor's waiting statement, and that the lock waiter of another
+// process, which wakes once the holder lets go of its mark (freed after
+// the successor's grant), finds the lease taken and wakes none of its
+// followers: woken, each would try beside the new leader's start.
+func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	a := setupAdvisory(t, pool, Options{})    // the holder's process
+	succ := setupAdvisory(t, pool, Options{}) // the successor's
+	other := setupAdvisory(t, pool, Options{})
+	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
+	const ttl = time.Minute
+	l := mustGrant(t, a, "prep", alice, ttl)
+
+	settled := other.watchFreeSettled(t, "prep") // its lock waiter waits on alice's mark
+	forCarol := watchFor(t, other, "prep", carol)
+	forBob := watchFor(t, succ, "prep", bob)
+	time.Sleep(100 * time.Millisecond) // the wake-ups sent once listening
+	drain(settled)
+	drain(forCarol)
+	drain(forBob)
+
+	type result struct {
+		lease   leader.Lease
+		granted bool
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		<-forBob // the preparation's notice
+		l, granted, err := succ.Acquire(callCtx(t), "prep", bob, ttl)
+		done <- result{l, granted, err}
+	}()
+	p, err := a.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, 10*time.Second)
+	if err != nil {
+		t.Fatalf("PrepareHandover: %v", err)
+	}
+	if !p.(*advisoryPrepared).waited {
+		t.Fatal("the successor did not wait for the prepared handover")
+	}
+	if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the successor's Acquire did not return")
+	}
+	if r.err != nil || !r.granted || r.lease.Term != l.Term+1 {
+		t.Fatalf("the successor's Acquire: %+v granted %v err %v; want granted term %d", r.lease, r.granted, r.err, l.Term+1)
+	}
+	select {
+	case <-forCarol:
+		t.Fatal("a follower of another process was woken after the successor took the lease")
+	case <-time.After(500 * time.Millisecond):
+	}
+}
