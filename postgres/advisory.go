@@ -158,7 +158,11 @@ import (
 // lease's lock; the release's unlock frees the lease's lock and then every
 // other lock of the session, this one among them, so the successor's
 // statement runs, and takes the lock, as the release ends, without the
-// lock waiter's wake-up or a round trip of its own between them. An
+// lock waiter's wake-up or a round trip of its own between them. When
+// the successor waited, the release frees the holder's mark, on which
+// the lock waiters wait, 5 ms after those two locks, and its notice
+// follows: the lock waiters then find the lease taken and wake no
+// follower (and Commit returns 5 ms later). An
 // abort unlocks the handover's lock alone: the successor's statement runs
 // at once and finds the lease held. A holder whose session ends frees
 // both locks.

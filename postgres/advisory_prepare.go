@@ -136,11 +136,12 @@ func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason
 		return fmt.Errorf("postgres: release %q term %d to %s: the prepared handover was committed or aborted already", p.name, p.term, p.successor.ID)
 	}
 	h := &reservation{to: p.successor, reason: reason, hold: hold}
-	var delay time.Duration
 	if p.waited {
-		delay, h.markAfter = handoverNoticeDelay, handoverNoticeDelay
+		// The release's pipeline sleeps before it frees the mark, and
+		// the notice follows its reply.
+		h.markAfter = handoverNoticeDelay
 	}
-	return p.s.release(ctx, p.name, p.token, p.term, h, delay)
+	return p.s.release(ctx, p.name, p.token, p.term, h, 0)
 }
 
 // Abort implements leader.PreparedHandover: it unlocks the lock on which

@@ -129,12 +129,13 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		args[6] = strconv.AppendInt(nil, int64(interval(h.hold)/time.Microsecond), 10)
 	}
 	// Prepared on the session when it was opened (see planAhead), the
-	// two statements are neither parsed nor planned now; otherwise
-	// (under the simple protocol, or if that failed) they are sent with
-	// their text.
+	// two statements are neither parsed nor planned now (Prepare finds
+	// them; if planning ahead failed, it prepares them, a round trip
+	// each); in another query exec mode than pgx's default they are sent
+	// with their text.
 	var release, unlock *pgconn.StatementDescription
 	errRelease, errUnlock := errors.ErrUnsupported, errors.ErrUnsupported
-	if conn.Config().DefaultQueryExecMode != pgx.QueryExecModeSimpleProtocol {
+	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		release, errRelease = conn.Prepare(ctx, s.sql.release, s.sql.release)
 		unlock, errUnlock = conn.Prepare(ctx, s.sql.unlock, s.sql.unlock)
 	}
@@ -153,7 +154,12 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		// The lock waiters, which wait on the mark, wake only after the
 		// successor's grant (and find the lease taken, see awaitMark),
 		// rather than beside it.
-		p.SendQueryParams(`SELECT pg_advisory_unlock($1::bigint), pg_advisory_unlock($2::int4, $3::int4)`,
+		p.SendQueryParams(`WITH lease AS MATERIALIZED (
+	SELECT pg_advisory_unlock($1::bigint) AS ok
+), handover AS MATERIALIZED (
+	SELECT pg_advisory_unlock($2::int4, $3::int4) FROM lease
+)
+SELECT (SELECT ok FROM lease), (SELECT count(*) FROM handover)`,
 			[][]byte{strconv.AppendInt(nil, key, 10), strconv.AppendInt(nil, handoverClass, 10), strconv.AppendInt(nil, int64(s.handoverKey(name)), 10)}, nil, nil, nil)
 		p.SendPipelineSync()
 		p.SendQueryParams(`SELECT pg_sleep($1::float8)`, [][]byte{[]byte(strconv.FormatFloat(h.markAfter.Seconds(), 'f', -1, 64))}, nil, nil, nil)
@@ -185,6 +191,13 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 			s.log.Debug("freeing a prepared handover's mark failed; the session is closed, which frees it",
 				slog.String("election", name), slog.Any("error", err))
 			closeConn(conn)
+			// The session's own notice (see notifyLater) will find it
+			// closed: send it on the store's connections, best effort
+			// (it checks the row itself).
+			if _, err := s.pool.Exec(ctx, s.sql.releaseNotice, name, int64(term), s.opts.Channel); err != nil {
+				s.log.Debug("the release's notice failed; followers without a lock waiter learn of it later",
+					slog.String("election", name), slog.Any("error", err))
+			}
 		}
 	} else if err := p.Close(); err != nil {
 		return false, false, err

@@ -317,7 +317,8 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name string, holder int32) (h *handoff, taken bool, err error) {
 	var b pgx.Batch
 	b.Queue("SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", holder)
-	b.Queue(s.sql.reserved, name)
+	hi, lo := keyHalves(s.Key(name))
+	b.Queue(s.sql.reserved, name, hi, lo)
 	br := conn.SendBatch(ctx, &b)
 	_, err = br.Exec()
 	var (

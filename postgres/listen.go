@@ -229,7 +229,7 @@ func (w *wakeups) notified(payload string, pid uint32) {
 		w.wakeAllLocked()
 		return
 	}
-	if c := w.covered[n.name]; c != nil && pid != 0 {
+	if c := w.covered[n.name]; c != nil && pid != 0 && n.ev != eventPrepare {
 		granted := n.ev == eventGrant
 		switch {
 		case granted && pid == c.gone:

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader/internal/pgtest"
 )
@@ -69,6 +70,30 @@ func TestStoreConnectionsPlanAhead(t *testing.T) {
 	}
 	if mode == "force_generic_plan" {
 		t.Fatal("plan_cache_mode was set under the simple protocol")
+	}
+
+	// A pool whose hooks may reset its sessions: nothing is prepared
+	// ahead on the store's own connections, which copy them.
+	config := b.pool.Config()
+	config.AfterRelease = func(*pgx.Conn) bool { return true }
+	hooked, err := pgxpool.NewWithConfig(callCtx(t), config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hooked.Close)
+	hs := setupOn(t, hooked, Options{}).store
+	hconn, err := hs.pool.Acquire(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hconn.Release()
+	var prepared int
+	if err := hconn.QueryRow(callCtx(t), `SELECT current_setting('plan_cache_mode'), (SELECT count(*) FROM pg_prepared_statements)`,
+		pgx.QueryExecModeSimpleProtocol).Scan(&mode, &prepared); err != nil {
+		t.Fatal(err)
+	}
+	if mode == "force_generic_plan" || prepared != 0 {
+		t.Fatalf("on a pool with an AfterRelease hook, plan_cache_mode = %q and %d statements prepared ahead; want neither", mode, prepared)
 	}
 }
 

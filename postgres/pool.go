@@ -34,7 +34,15 @@ func newOwnPool(pool *pgxpool.Pool, opts Options, hosts *hostOrder, warm ...stri
 	if cfg.ShouldPing == nil {
 		cfg.ShouldPing = pingIdleOver(ownPingIdle)
 	}
-	cfg.AfterConnect = genericPlans(cfg.AfterConnect, opts.Logger, warm)
+	if cfg.BeforeAcquire != nil || cfg.PrepareConn != nil || cfg.AfterRelease != nil {
+		// The caller's pool may reset its sessions between uses
+		// (DISCARD ALL, say), which would take statements prepared
+		// ahead from under pgx, which knows nothing of it: plan nothing
+		// ahead.
+		warm = nil
+	} else {
+		cfg.AfterConnect = genericPlans(cfg.AfterConnect, opts.Logger, warm)
+	}
 	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: the store's own connections: %w", err)
@@ -53,7 +61,11 @@ func genericPlans(after func(context.Context, *pgx.Conn) error, log *slog.Logger
 				return err
 			}
 		}
-		if err := planAhead(ctx, conn, warm); err != nil {
+		// Bounded: pgxpool gives the hook a context that ends only with
+		// the pool, and the pool has few connections.
+		pctx, cancel := context.WithTimeout(ctx, listenCallTimeout)
+		defer cancel()
+		if err := planAhead(pctx, conn, warm); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
@@ -81,20 +93,21 @@ func genericPlans(after func(context.Context, *pgx.Conn) error, log *slog.Logger
 // catalog. Nothing is set or planned where the statement does not run in
 // the backend that the connection started with (behind a pooling proxy
 // the setting would stay with a server connection that others use), nor
-// under the simple protocol (default_query_exec_mode=simple_protocol),
-// which prepares nothing.
+// in another mode than pgx's default, cache_statement (the simple
+// protocol prepares nothing, and the others unnamed statements, planned
+// at each run anyway).
 func planAhead(ctx context.Context, conn *pgx.Conn, warm []string) error {
-	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+	if conn.Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
 		return nil
 	}
 	var set bool
 	err := conn.QueryRow(ctx, fmt.Sprintf(`SELECT true FROM (SELECT set_config('plan_cache_mode', 'force_generic_plan', false)
 	WHERE current_setting('server_version_num')::int >= 120000 AND pg_backend_pid() = %d) AS x`, conn.PgConn().PID()),
 		pgx.QueryExecModeSimpleProtocol).Scan(&set)
-	if errors.Is(err, pgx.ErrNoRows) || len(warm) == 0 {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
-	if err != nil {
+	if err != nil || len(warm) == 0 {
 		return err
 	}
 	var explain strings.Builder

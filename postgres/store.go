@@ -501,8 +501,11 @@
 // attempt, at the expiry of the lease they last saw, as after a
 // handover to a chosen successor. A named candidate that does not take
 // the lease (it stopped, or sits out after its own tenure) costs the
-// handover those 8 ms. A store of an earlier version takes the
-// notification for a handover's, and wakes its candidates the same way.
+// handover those 8 ms. A store of a version with transfers' handover
+// notices takes the notification for a handover's, and wakes its
+// candidates the same way; an older one takes it for the release of
+// another name, and its followers wait for the expiry they last saw, as
+// for a handover.
 //
 // If that connection breaks it is opened again with backoff,
 // and every watcher is then woken once, since it may have missed a
@@ -525,9 +528,13 @@
 // acquire took 1.1 ms on the server, and 0.3 ms planned ahead. Nothing is
 // set where the statement does not run in the backend the connection
 // started with (behind a pooling proxy the setting would stay with a
-// server connection that others use), nor under the simple protocol
-// (default_query_exec_mode=simple_protocol), which prepares nothing. It
-// is best effort: a connection on which it fails is used as it is.
+// server connection that others use), nor in another
+// default_query_exec_mode than pgx's default, cache_statement, nor for
+// the store's own connections when the pool given to the store has a
+// BeforeAcquire, PrepareConn or AfterRelease hook (which may reset a
+// session, DISCARD ALL say, and with it the statements prepared ahead).
+// It is best effort, within 10 seconds: a connection on which it fails
+// is used as it is.
 //
 // # Errors
 //
