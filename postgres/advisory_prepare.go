@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leaderelect/leader"
 )
@@ -49,14 +47,9 @@ func (s *AdvisoryStore) handoverKey(name string) int32 {
 func (s *AdvisoryStore) PrepareHandover(ctx context.Context, name, token string, term uint64, successor leader.Candidate, wait time.Duration) (leader.PreparedHandover, error) {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
-	const op = "prepare handover of"
-	what := fmt.Sprintf("%s %q term %d to %s", op, name, term, successor.ID)
-	payload := payloadPrepare + strconv.Itoa(len(successor.Token)) + ":" + successor.Token + name
-	switch {
-	case successor.Token == "":
-		return nil, fmt.Errorf("postgres: %s: the successor has no token", what)
-	case len(payload) > maxPayloadLength:
-		return nil, fmt.Errorf("postgres: %s: the name and the successor's token are too long for a NOTIFY payload (%d bytes, at most %d)", what, len(payload), maxPayloadLength)
+	what, payload, err := prepareNotice(name, term, successor)
+	if err != nil {
+		return nil, err
 	}
 	ss := s.heldSession(name, token, term)
 	if ss == nil {
@@ -64,7 +57,7 @@ func (s *AdvisoryStore) PrepareHandover(ctx context.Context, name, token string,
 	}
 	p := &advisoryPrepared{s: s, ss: ss, name: name, token: token, term: term, successor: successor, key: s.handoverKey(name)}
 	var locked bool
-	err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {
+	err = ss.do(ctx, s, false, func(conn *pgx.Conn) error {
 		if !ss.heldUnder(term) {
 			return errNotHeld
 		}
@@ -172,9 +165,8 @@ func (p *advisoryPrepared) Abort() {
 
 // grantAfterHandover is the first grant attempt, stmt with args, of a
 // successor whose handover was prepared (see PrepareHandover), sent as
-// one batch on conn: in a transaction, it waits for the handover's lock
-// (shared, so that it never holds up the holder's unlock), for a quarter
-// of ttl at most and never past half of what ctx leaves (lock_timeout),
+// one batch on conn (see waitThenRun): it waits for the handover's lock,
+// for a quarter of ttl at most and never past half of what ctx leaves,
 // and then runs stmt, whose snapshot, taken then, shows the release, and
 // which tries the lease's lock, freed before the handover's. waited
 // reports whether it ran stmt: false if the lock was not had in time (the
@@ -187,55 +179,18 @@ func (s *AdvisoryStore) grantAfterHandover(ctx context.Context, conn *pgx.Conn, 
 	if wait < time.Millisecond {
 		return r, false, nil
 	}
-	b := &pgx.Batch{}
-	// As for LeaseStore's waiting successor (acquireWaiting): read
-	// committed, so that stmt's snapshot is taken after the lock, and a
-	// server that looks every waitCheckEvery whether this client is still
-	// there.
-	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
-	b.Queue(`SELECT set_config('lock_timeout', $1, true),
-	CASE WHEN current_setting('server_version_num')::int >= 140000
-		THEN set_config('client_connection_check_interval', $2, true) END,
-	pg_advisory_xact_lock_shared($3, $4)`,
-		strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms", strconv.FormatInt(waitCheckEvery.Milliseconds(), 10),
-		int32(handoverClass), s.handoverKey(name))
-	b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
-	b.Queue(stmt, args...)
-	b.Queue("COMMIT")
-	br := conn.SendBatch(ctx, b)
-	_, errBegin := br.Exec()
-	_, errLock := br.Exec()
-	_, errReset := br.Exec()
-	r, errRow := scanGrant(br.QueryRow())
-	tag, errCommit := br.Exec()
-	errClose := br.Close()
-	var pgErr *pgconn.PgError
+	var scanned grantResult
+	ran, errRow, err := waitThenRun(ctx, conn, s.handoverKey(name), wait, stmt, args, func(row pgx.Row) error {
+		var err error
+		scanned, err = scanGrant(row)
+		return err
+	})
 	switch {
-	case errBegin != nil:
-		return r, false, errBegin
-	case errors.As(errLock, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014"):
-		// lock_not_available, or a statement_timeout of the role's
-		// that came first: the handover did not come in time, and
-		// nothing after the wait ran. End the transaction (its lock
-		// was never had), so that the session can be used again.
-		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
-			return r, false, err
-		}
+	case err != nil:
+		return r, false, err
+	case !ran:
 		return r, false, nil
-	case errLock != nil:
-		return r, false, errLock
-	case errReset != nil:
-		return r, false, errReset
-	case errRow != nil:
-		r, err = s.finishGrant(ctx, conn, ss, name, c, r, errRow)
-		return r, true, err
-	case errCommit != nil:
-		return r, false, errCommit
-	case errClose != nil:
-		return r, false, errClose
-	case tag.String() != "COMMIT":
-		return r, false, fmt.Errorf("the transaction ended with %q, not COMMIT", tag.String())
 	}
-	r, err = s.finishGrant(ctx, conn, ss, name, c, r, nil)
+	r, err = s.finishGrant(ctx, conn, ss, name, c, scanned, errRow)
 	return r, true, err
 }

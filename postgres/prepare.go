@@ -168,14 +168,9 @@ var _ leader.HandoverPreparer = (*LeaseStore)(nil)
 func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, term uint64, successor leader.Candidate, wait time.Duration) (leader.PreparedHandover, error) {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
-	const op = "prepare handover of"
-	what := fmt.Sprintf("%s %q term %d to %s", op, name, term, successor.ID)
-	payload := payloadPrepare + strconv.Itoa(len(successor.Token)) + ":" + successor.Token + name
-	switch {
-	case successor.Token == "":
-		return nil, fmt.Errorf("postgres: %s: the successor has no token", what)
-	case len(payload) > maxPayloadLength:
-		return nil, fmt.Errorf("postgres: %s: the name and the successor's token are too long for a NOTIFY payload (%d bytes, at most %d)", what, len(payload), maxPayloadLength)
+	what, payload, err := prepareNotice(name, term, successor)
+	if err != nil {
+		return nil, err
 	}
 	if s.pooled.Load() {
 		return nil, fmt.Errorf("postgres: %s: %w: a prepared handover needs one", what, ErrPooledSession)
@@ -248,6 +243,22 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 		return nil, fmt.Errorf("postgres: %s: %w", what, ErrClosed)
 	}
 	return p, nil
+}
+
+// prepareNotice returns, for a preparation of the handover of name's
+// lease under term to successor, what its errors say it was and the
+// payload of its NOTIFY (see parsePayload), or an error if the successor
+// has no token or the payload is too long.
+func prepareNotice(name string, term uint64, successor leader.Candidate) (what, payload string, err error) {
+	what = fmt.Sprintf("prepare handover of %q term %d to %s", name, term, successor.ID)
+	payload = payloadPrepare + strconv.Itoa(len(successor.Token)) + ":" + successor.Token + name
+	switch {
+	case successor.Token == "":
+		return what, "", fmt.Errorf("postgres: %s: the successor has no token", what)
+	case len(payload) > maxPayloadLength:
+		return what, "", fmt.Errorf("postgres: %s: the name and the successor's token are too long for a NOTIFY payload (%d bytes, at most %d)", what, len(payload), maxPayloadLength)
+	}
+	return what, payload, nil
 }
 
 // awaitSuccessor looks in pg_locks every preparePoll until a session
@@ -501,58 +512,87 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	} else if ctx.Err() != nil {
 		return false, ctx.Err()
 	}
+	ran, errRow, err := waitThenRun(ctx, conn.Conn(), s.handoverKey(name), wait, stmt,
+		[]any{name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)},
+		func(row pgx.Row) error { return row.Scan(dest...) })
+	switch {
+	case err != nil && !ran && ctx.Err() == nil && !errors.Is(err, errWaitBatch):
+		// The ROLLBACK after a wait that ran out failed: the pool closes
+		// the connection; try as usual.
+		return false, nil
+	case err != nil:
+		return false, err
+	case errors.Is(errRow, pgx.ErrNoRows):
+		return false, nil // as Acquire's statement may: try again
+	case errRow != nil:
+		return false, errRow
+	}
+	return ran, nil
+}
+
+// errWaitBatch marks waitThenRun's errors of the batch itself, as
+// opposed to those of the ROLLBACK after a wait that ran out.
+var errWaitBatch = errors.New("waiting for a prepared handover")
+
+// waitThenRun sends, as one batch on conn, the transaction of a successor
+// whose handover was prepared (see LeaseStore.PrepareHandover and
+// AdvisoryStore.PrepareHandover): it waits for the lock of the prepared
+// handovers of key, in shared mode (so that it never holds up the
+// preparer's unlock), for wait at most (lock_timeout), and then runs stmt
+// with args, whose row read reads. The transaction is read committed
+// whatever the role's default, so that stmt's snapshot is taken after the
+// lock, and shows the release. While it waits, the server looks every
+// waitCheckEvery whether this client is still there (PostgreSQL 14 and
+// later), so that a successor that died meanwhile is not granted the
+// lease; stmt itself waits for row locks as usual.
+//
+// ran reports whether the lock was had in time, and stmt ran; errRow is
+// read's error then. If the wait ran out (lock_not_available, or a
+// statement_timeout of the role's that came first), nothing after it ran
+// and the transaction is rolled back: ran is false, and err is the
+// ROLLBACK's error, if any. Any other error of the batch wraps
+// errWaitBatch.
+func waitThenRun(ctx context.Context, conn *pgx.Conn, key int32, wait time.Duration, stmt string, args []any, read func(pgx.Row) error) (ran bool, errRow, err error) {
 	b := &pgx.Batch{}
-	// Read committed whatever the role's default, so that the acquire
-	// statement's snapshot is taken after the lock, and shows the
-	// release. While it waits, the server looks every waitCheckEvery
-	// whether this client is still there (PostgreSQL 14 and later), so
-	// that a successor that died meanwhile is not granted the lease; the
-	// acquire statement itself waits for row locks as usual.
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(`SELECT set_config('lock_timeout', $1, true),
 	CASE WHEN current_setting('server_version_num')::int >= 140000
 		THEN set_config('client_connection_check_interval', $2, true) END,
 	pg_advisory_xact_lock_shared($3, $4)`,
 		strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms", strconv.FormatInt(waitCheckEvery.Milliseconds(), 10),
-		int32(handoverClass), s.handoverKey(name))
+		int32(handoverClass), key)
 	b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
-	b.Queue(stmt, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority))
+	b.Queue(stmt, args...)
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	_, errBegin := br.Exec()
 	_, errLock := br.Exec()
 	_, errReset := br.Exec()
-	errRow := br.QueryRow().Scan(dest...)
+	errRow = read(br.QueryRow())
 	tag, errCommit := br.Exec()
 	errClose := br.Close() // the first of the errors above, if any
 	var pgErr *pgconn.PgError
 	switch {
 	case errBegin != nil:
-		return false, errBegin
+		return false, nil, fmt.Errorf("%w: %w", errWaitBatch, errBegin)
 	case errors.As(errLock, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014"):
-		// lock_not_available, or a statement_timeout of the role's
-		// that came first: the handover did not come in time. The
-		// server skipped the rest up to the batch's end, and the
-		// transaction is still open: end it, so that the connection
-		// can be used again (else the pool closes it).
-		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil && ctx.Err() != nil {
-			return false, err
-		}
-		return false, nil
+		// The server skipped the rest up to the batch's end, and the
+		// transaction is still open: end it, so that the connection can
+		// be used again.
+		_, err := conn.Exec(ctx, "ROLLBACK")
+		return false, nil, err
 	case errLock != nil:
-		return false, errLock
+		return false, nil, fmt.Errorf("%w: %w", errWaitBatch, errLock)
 	case errReset != nil:
-		return false, errReset
-	case errors.Is(errRow, pgx.ErrNoRows):
-		return false, nil // as Acquire's statement may: try again
+		return false, nil, fmt.Errorf("%w: %w", errWaitBatch, errReset)
 	case errRow != nil:
-		return false, errRow
+		return true, errRow, nil
 	case errCommit != nil:
-		return false, errCommit
+		return true, nil, fmt.Errorf("%w: %w", errWaitBatch, errCommit)
 	case errClose != nil:
-		return false, errClose
+		return true, nil, fmt.Errorf("%w: %w", errWaitBatch, errClose)
 	case tag.String() != "COMMIT":
-		return false, fmt.Errorf("the transaction ended with %q, not COMMIT", tag.String())
+		return true, nil, fmt.Errorf("%w: the transaction ended with %q, not COMMIT", errWaitBatch, tag.String())
 	}
-	return true, nil
+	return true, nil, nil
 }
