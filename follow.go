@@ -67,7 +67,7 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 				*wake = nil
 				continue
 			}
-			if time.Now().Before(notBefore) && !e.reservedForUs(ctx) {
+			if time.Now().Before(notBefore) && !e.preparedForUs() && !e.reservedForUs(ctx) {
 				continue // our own release; let the others take it
 			}
 			timer.Stop()
@@ -163,6 +163,13 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 		}
 		timer.Reset(wait)
 	}
+}
+
+// preparedForUs reports whether the store says that a handover of the
+// name was prepared for this instance (see PreparedForChecker).
+func (e *Elector) preparedForUs() bool {
+	pc, ok := e.store.(PreparedForChecker)
+	return ok && pc.PreparedFor(e.cfg.Name, e.cand)
 }
 
 // reservedForUs reports whether name's lease is free and reserved for a

@@ -133,6 +133,19 @@ type HandoverPreparer interface {
 	PrepareHandover(ctx context.Context, name, token string, term uint64, successor Candidate, wait time.Duration) (PreparedHandover, error)
 }
 
+// PreparedForChecker is implemented by a HandoverPreparer whose
+// successors' stores know, as the preparation's wake-up comes, that a
+// handover was prepared for them. A follower that sits out after its own
+// tenure (see Run) ignores wake-ups, unless the lease is released and
+// reserved for it; a preparation releases nothing yet, so the Elector asks
+// PreparedFor too, and a candidate that led a moment ago still waits for
+// the handover prepared for it. Both PostgreSQL stores implement it.
+type PreparedForChecker interface {
+	// PreparedFor reports whether a handover of name was prepared for
+	// c, and c's next Acquire of name will wait for it.
+	PreparedFor(name string, c Candidate) bool
+}
+
 // PreparedHandover is a handover that HandoverPreparer prepared.
 type PreparedHandover interface {
 	// Commit does what Transferer.ReleaseTo does for the prepared

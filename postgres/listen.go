@@ -352,6 +352,18 @@ func (w *wakeups) takePrepared(name, token string) bool {
 	return time.Since(p.at) < preparedFor
 }
 
+// PreparedFor implements leader.PreparedForChecker: it reports whether a
+// notice told this store, less than preparedFor ago, that a handover of
+// name was prepared for c (see LeaseStore.PrepareHandover and
+// AdvisoryStore.PrepareHandover), and c's next Acquire has not taken it
+// yet.
+func (w *wakeups) PreparedFor(name string, c leader.Candidate) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, ok := w.prepared[name]
+	return ok && p.token == c.Token && time.Since(p.at) < preparedFor
+}
+
 // notice is an event of a name, and for a handover, the successor's
 // token and how long the lease is reserved for it.
 type notice struct {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -624,5 +625,117 @@ func TestGrantNoticeDeferred(t *testing.T) {
 				t.Fatalf("the lease was released before its grant's notice was due; the listeners heard %q, want the release's notice %q alone", got, want)
 			}
 		})
+	}
+}
+
+// acquireTimes records how long each successful Acquire of an Elector
+// took.
+type acquireTimes struct {
+	leader.NopMetrics
+	mu    sync.Mutex
+	times []time.Duration
+}
+
+func (m *acquireTimes) StoreCall(_, op string, d time.Duration, err error) {
+	if op != "acquire" || err != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.times = append(m.times, d)
+}
+
+// longestSince returns the longest of the Acquire calls after the first n.
+func (m *acquireTimes) longestSince(n int) (time.Duration, int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var longest time.Duration
+	for _, d := range m.times[min(n, len(m.times)):] {
+		longest = max(longest, d)
+	}
+	return longest, len(m.times)
+}
+
+// TestSittingOutSuccessorWaitsForPreparedHandover checks that a candidate
+// that sits out after its own tenure (Config.RetryInterval) still waits
+// for a handover prepared for it (leader.PreparedForChecker): handed the
+// lease back a moment after it handed it over, its Acquire starts before
+// the old leader's OnDemoted has returned, so that the grant runs as the
+// release commits. A follower that ignored the preparation's wake-up
+// would try only once the release had woken it, after OnDemoted.
+func TestSittingOutSuccessorWaitsForPreparedHandover(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	const (
+		ttl       = 10 * time.Second
+		demotedIn = time.Second // the slow OnDemoted of the second handover
+	)
+	h := electortest.NewHistory()
+	es, times := map[string]*leader.Elector{}, map[string]*acquireTimes{}
+	store := map[string]*LeaseStore{}
+	var slow atomic.Bool
+	for _, id := range []string{"a", "b"} {
+		b := setupOn(t, a.pool, Options{})
+		store[id] = b.store
+		c, err := b.store.waits.Acquire(callCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Release()
+		times[id] = &acquireTimes{}
+		cfg := leader.Config{Name: "sitting", ID: id, TTL: ttl, RetryInterval: 8 * time.Second,
+			Metrics: times[id], Logger: slog.New(slog.DiscardHandler)}
+		elected, demoted := h.Hooks(t, id)
+		cfg.OnElected = elected
+		cfg.OnDemoted = func() {
+			demoted()
+			if slow.Load() {
+				time.Sleep(demotedIn)
+			}
+		}
+		e, err := leader.New(b.store, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		es[id] = e
+		electortest.Run(t, e)
+		waitListening(t, b)
+	}
+	var from string
+	electortest.Eventually(t, 15*time.Second, "a leader", func() bool {
+		for id, e := range es {
+			if e.Status().IsLeader {
+				from = id
+				return true
+			}
+		}
+		return false
+	})
+	to := map[string]string{"a": "b", "b": "a"}[from]
+	enlisted := func(id string) {
+		electortest.Eventually(t, 2*ttl, id+" enlisted", func() bool {
+			cands, err := store[from].Candidates(t.Context(), "sitting")
+			return err == nil && slices.ContainsFunc(cands, func(c leader.Candidate) bool { return c.ID == id })
+		})
+	}
+	enlisted(to)
+	if _, err := es[from].Transfer(t.Context(), to); err != nil {
+		t.Fatalf("Transfer from %s to %s: %v", from, to, err)
+	}
+	// from now sits out for its RetryInterval; it enlists again half of
+	// it in. Hand the lease back to it meanwhile.
+	enlisted(from)
+	slow.Store(true)
+	_, before := times[from].longestSince(1 << 30)
+	l, err := es[to].Transfer(t.Context(), from)
+	if err != nil {
+		t.Fatalf("Transfer back from %s to %s: %v", to, from, err)
+	}
+	if l.HolderID != from {
+		t.Fatalf("Transfer back returned %+v; want %s leading", l, from)
+	}
+	if longest, _ := times[from].longestSince(before); longest < demotedIn {
+		t.Fatalf("%s, sitting out, took the handover back with Acquire calls of at most %v; want one that waited through the old leader's OnDemoted (%v)",
+			from, longest, demotedIn)
 	}
 }
