@@ -254,8 +254,8 @@ done
 sleep 1000 &
 echo "pid $! grandchild $$" >> "$log"
 echo "pid $$ child" >> "$log"
-echo "start $$ $(now) $LEADER_ID $LEADER_TERM $LEADER_HELD $LEADER_NAME" >> "$log"
 trap 'echo "stop $$ $(now)" >> "$log"; exit 0' TERM
+echo "start $$ $(now) $LEADER_ID $LEADER_TERM $LEADER_HELD $LEADER_NAME" >> "$log"
 wait
 `
 
