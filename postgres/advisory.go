@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
@@ -289,9 +287,7 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 	d := newDialer(pool)
 	// A context that ends must only cut the connection short (which frees
 	// any lock), never open another one to cancel the statement.
-	d.config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
-	}
+	d.config.BuildContextWatcherHandler = deadlineWatcher
 	own, err := newOwnPool(pool, opts, d.hosts)
 	if err != nil {
 		return nil, err

@@ -1,7 +1,9 @@
 package postgres
 
 import (
+	"crypto/rand"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,32 +44,122 @@ func dibsNotice(name string, c leader.Candidate) string {
 // release: with candidates enlisted, a handover's notice to the one of
 // the highest priority, enlisted last, never the holder itself or an entry
 // that has run out, and without a reservation (anyone may take the
-// lease at once); with none, the plain release's.
+// lease at once), sent on that candidate's channel alone; then, once
+// noticeDelay has passed, the plain release's notice on the store's
+// channel, only if the lease is still free. With no candidate, the plain
+// release's notice at once.
 func TestReleaseNamesTheCandidateToWakeFirst(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := b.store
+	s.noticeDelay = time.Second
 	alice := candidate("alice")
 	heard := heardOn(t, b, s.opts.Channel)
 
 	l := mustGrant(t, s, "dibs", alice, time.Minute)
-	_, last := enlistForDibs(t, s, "dibs", &alice)
-	mustRelease(t, s, "dibs", alice, l.Term)
-	if got, want := heard(time.Second), dibsNotice("dibs", last); len(got) != 1 || got[0] != want {
-		t.Fatalf("a plain release with candidates notified %q; want [%q]", got, want)
+	first, last := enlistForDibs(t, s, "dibs", &alice)
+	for candidateChannel(s.opts.Channel, first.Token) == candidateChannel(s.opts.Channel, last.Token) {
+		first.Token = rand.Text() // another channel, so that it hears nothing
+		if err := s.Enlist(callCtx(t), "dibs", first, time.Minute); err != nil {
+			t.Fatal(err)
+		}
 	}
-	// Not reserved: a candidate that was not named takes it at once.
-	bob := candidate("bob")
-	l = mustGrant(t, s, "dibs", bob, time.Minute)
-	heard(time.Second) // its grant notice
+	heardLast := heardOn(t, b, candidateChannel(s.opts.Channel, last.Token))
+	heardFirst := heardOn(t, b, candidateChannel(s.opts.Channel, first.Token))
+	heard(2 * time.Second) // alice's grant notice
+	mustRelease(t, s, "dibs", alice, l.Term)
+	if got := heard(200 * time.Millisecond); len(got) != 0 {
+		t.Fatalf("a plain release with candidates notified %q on the store's channel before noticeDelay; want nothing", got)
+	}
+	if got := heardFirst(100 * time.Millisecond); len(got) != 0 {
+		t.Fatalf("a plain release notified %q on another candidate's channel; want nothing", got)
+	}
+	if got, want := heardLast(time.Second), dibsNotice("dibs", last); len(got) != 1 || got[0] != want {
+		t.Fatalf("a plain release with candidates notified %q on the named candidate's channel; want [%q]", got, want)
+	}
+	// Nobody took it: the plain release's notice, noticeDelay later.
+	if got := heard(2 * time.Second); len(got) != 1 || got[0] != "dibs" {
+		t.Fatalf("an untaken release notified %q on the store's channel; want [%q]", got, "dibs")
+	}
+
+	// Taken before noticeDelay, by a candidate that was not named (the
+	// lease is not reserved): no release notice on the store's channel.
+	l = mustGrant(t, s, "dibs", alice, time.Minute)
+	heard(2 * time.Second) // its grant notice
+	mustRelease(t, s, "dibs", alice, l.Term)
+	mustGrant(t, s, "dibs", candidate("bob"), time.Minute)
+	if got := heardLast(time.Second); len(got) != 1 {
+		t.Fatalf("the second release notified %q on the named candidate's channel; want one notice", got)
+	}
+	if got := heard(2 * time.Second); len(got) != 1 || got[0] != payloadGrant+"dibs" {
+		t.Fatalf("a release taken before noticeDelay notified %q on the store's channel; want its grant's alone, [%q]", got, payloadGrant+"dibs")
+	}
 
 	// Without candidates, the plain release's notice.
 	solo := "solo"
 	ls := mustGrant(t, s, solo, alice, time.Minute)
-	heard(time.Second)
+	heard(2 * time.Second)
 	mustRelease(t, s, solo, alice, ls.Term)
 	if got := heard(time.Second); len(got) != 1 || got[0] != solo {
 		t.Fatalf("a plain release without candidates notified %q; want [%q]", got, solo)
+	}
+}
+
+// TestReleaseNoticeOnALongChannel checks that a channel too long to have
+// candidate channels (see maxCandidateChannel) hears a plain release's
+// notice that names a candidate at once, and no second notice.
+func TestReleaseNoticeOnALongChannel(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	long := strings.Repeat("c", maxCandidateChannel+1)
+	b := setupOn(t, a.pool, Options{Channel: long})
+	if got := candidateChannel(long, "token"); got != "" {
+		t.Fatalf("candidateChannel of a %d-byte channel = %q; want none", len(long), got)
+	}
+	heard := heardOn(t, b, long)
+	alice := candidate("alice")
+	l := mustGrant(t, b.store, "dibs", alice, time.Minute)
+	_, last := enlistForDibs(t, b.store, "dibs", &alice)
+	heard(time.Second) // alice's grant notice
+	mustRelease(t, b.store, "dibs", alice, l.Term)
+	if got, want := heard(time.Second), dibsNotice("dibs", last); len(got) != 1 || got[0] != want {
+		t.Fatalf("a plain release on a long channel notified %q; want [%q] alone", got, want)
+	}
+}
+
+// TestListenerListensOnCandidateChannels checks that a store's listener,
+// already listening, LISTENs on the candidate channel of a candidate for
+// which a free-watcher is added: a NOTIFY there wakes the watcher.
+func TestListenerListensOnCandidateChannels(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.store.Watch(t.Context(), "other"); err != nil {
+		t.Fatal(err)
+	}
+	pid := waitListening(t, b)
+	c := candidate("c")
+	ch := watchFor(t, b.store, "late", c)
+	time.Sleep(50 * time.Millisecond)
+	drain(ch)
+	channel := candidateChannel(b.store.opts.Channel, c.Token)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := b.pool.Exec(callCtx(t), `SELECT pg_notify($1, $2)`, channel, "late"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ch:
+			select {
+			case again := <-b.listening:
+				t.Fatalf("the listener (backend %d) connected again (backend %d) to LISTEN on a candidate channel; want it to LISTEN on its connection", pid, again)
+			default:
+			}
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a NOTIFY on the candidate channel %q did not wake the candidate's free-watcher", channel)
+		}
 	}
 }
 

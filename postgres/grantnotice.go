@@ -15,16 +15,36 @@ import (
 // grant, so only the watchers of grants (Watch) learn of it that much
 // later (see Wake-ups in the package documentation).
 func (s *LeaseStore) noticeGrantLater(name, token string, term int64) {
+	s.noticeLater("grant", "watchers of grants learn of it at their own time",
+		s.sql.grantNotice, name, token, term, s.opts.Channel)
+}
+
+// noticeFreedLater sends the NOTIFY of a release on the store's channel
+// once noticeDelay has passed, if the lease is still free then: after a
+// release whose notice went to the candidate channel of the candidate it
+// wakes first (see candidateChannel), so that the other candidates learn
+// of the release if that one did not take the lease, and nobody else
+// wakes if it did.
+func (s *LeaseStore) noticeFreedLater(name string) {
+	s.noticeLater("release", "followers other than the one woken first try at the expiry they last saw",
+		s.sql.freedNotice, name, s.opts.Channel)
+}
+
+// noticeLater runs stmt with args on the store's pool once noticeDelay
+// has passed, on a goroutine of its own that Close cancels and waits for;
+// what names the notice and cost what its failure costs, in the log.
+func (s *LeaseStore) noticeLater(what, cost, stmt string, args ...any) {
 	l := &s.later
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return
 	}
+	delay := s.noticeDelay
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		t := time.NewTimer(s.noticeDelay)
+		t := time.NewTimer(delay)
 		defer t.Stop()
 		select {
 		case <-l.ctx.Done():
@@ -33,9 +53,9 @@ func (s *LeaseStore) noticeGrantLater(name, token string, term int64) {
 		}
 		ctx, cancel := s.opts.bound(l.ctx)
 		defer cancel()
-		if _, err := s.pool.Exec(ctx, s.sql.grantNotice, name, token, term, s.opts.Channel); err != nil && l.ctx.Err() == nil {
-			s.opts.Logger.Debug("the deferred notice of a grant failed; watchers of grants learn of it at their own time",
-				slog.String("name", name), slog.Any("error", err))
+		if _, err := s.pool.Exec(ctx, stmt, args...); err != nil && l.ctx.Err() == nil {
+			s.opts.Logger.Debug("the deferred notice of a "+what+" failed; "+cost,
+				slog.String("name", args[0].(string)), slog.Any("error", err))
 		}
 	}()
 }

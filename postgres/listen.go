@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/leaderelect/leader"
 )
@@ -54,9 +56,21 @@ type wakeups struct {
 	// this store's (see LeaseStore.PrepareHandover): its token, and when
 	// the notice came.
 	prepared map[string]preparation
-	closed   bool
-	stop     context.CancelFunc // stops the listener; nil until the first Watch
-	stopped  chan struct{}      // closed when the listener has returned
+	// candidateChannels says whether the listener also LISTENs on the
+	// candidate channels of its candidates (see candidateChannel): the
+	// lease store's, whose plain releases notify the candidate they wake
+	// first on its channel alone.
+	candidateChannels bool
+	// wanted holds the candidate channels of the tokens that free-watchers
+	// have watched for (WatchFreeFor), which the listener LISTENs on; it
+	// only grows, and holds candidateBuckets at most.
+	wanted map[string]struct{}
+	// poke, while the listener waits for a notification, ends that wait,
+	// so that it LISTENs on a channel just wanted; nil otherwise.
+	poke    context.CancelFunc
+	closed  bool
+	stop    context.CancelFunc // stops the listener; nil until the first Watch
+	stopped chan struct{}      // closed when the listener has returned
 
 	// pingEvery is listenPingEvery; tests shorten it.
 	pingEvery time.Duration
@@ -75,6 +89,7 @@ func newWakeups(d dialer, opts Options, what string) wakeups {
 		deferred:  make(map[string]*time.Timer),
 		covered:   make(map[string]*coverage),
 		prepared:  make(map[string]preparation),
+		wanted:    make(map[string]struct{}),
 		pingEvery: listenPingEvery,
 	}
 }
@@ -166,8 +181,20 @@ type watcher struct {
 	token string
 }
 
-// addLocked registers ch as a watcher of name, as wt says.
+// addLocked registers ch as a watcher of name, as wt says. A free-watcher
+// of a candidate has the listener LISTEN on that candidate's channel too,
+// if the store uses candidate channels.
 func (w *wakeups) addLocked(name string, ch chan struct{}, wt watcher) {
+	if w.candidateChannels && wt.kind == watchFree && wt.token != "" {
+		if c := candidateChannel(w.channel, wt.token); c != "" {
+			if _, ok := w.wanted[c]; !ok {
+				w.wanted[c] = struct{}{}
+				if w.poke != nil {
+					w.poke()
+				}
+			}
+		}
+	}
 	set := w.watchers[name]
 	if set == nil {
 		set = make(map[chan struct{}]watcher)
@@ -546,7 +573,17 @@ func (w *wakeups) wakeAllLocked() {
 func (w *wakeups) listen(ctx context.Context, stopped chan<- struct{}) {
 	defer close(stopped)
 	loop := sessionLoop[*pgx.Conn]{
-		connect:  dial(w.dialer),
+		connect: func(ctx context.Context) (*pgx.Conn, error) {
+			config := w.dialer.connConfig()
+			// A wait for notifications ends by a deadline, never by a
+			// cancel request, which could hit the LISTEN after it.
+			config.BuildContextWatcherHandler = deadlineWatcher
+			conn, err := w.dialer.connect(ctx, config)
+			if err != nil {
+				return nil, fmt.Errorf("connecting: %w", err)
+			}
+			return conn, nil
+		},
 		serve:    w.listenOnce,
 		retryMin: listenRetryMin,
 		retryMax: listenRetryMax,
@@ -561,9 +598,12 @@ func (w *wakeups) listen(ctx context.Context, stopped chan<- struct{}) {
 	}
 }
 
-// listenOnce LISTENs on conn, wakes every watcher, and passes
+// listenOnce LISTENs on conn (on the store's channel, and on the
+// candidate channels wanted), wakes every watcher, and passes
 // notifications on until the connection fails or ctx ends. It calls ready
-// once LISTEN has succeeded, and returns why it stopped.
+// once LISTEN has succeeded, and returns why it stopped. A candidate
+// channel wanted later is LISTENed on as the wait for notifications is
+// poked (see addLocked).
 func (w *wakeups) listenOnce(ctx context.Context, conn *pgx.Conn, ready func()) error {
 	callCtx, cancel := context.WithTimeout(ctx, listenCallTimeout)
 	err := checkSession(callCtx, conn, w.what)
@@ -573,6 +613,10 @@ func (w *wakeups) listenOnce(ctx context.Context, conn *pgx.Conn, ready func()) 
 	cancel()
 	if err != nil {
 		return fmt.Errorf("LISTEN: %w", err)
+	}
+	listening := map[string]struct{}{}
+	if err := w.listenWanted(ctx, conn, listening); err != nil {
+		return err
 	}
 	ready()
 	// Notifications sent before LISTEN took effect were missed: wake
@@ -585,14 +629,34 @@ func (w *wakeups) listenOnce(ctx context.Context, conn *pgx.Conn, ready func()) 
 	}
 
 	for {
+		// A candidate channel wanted meanwhile: LISTEN on it first.
 		waitCtx, cancel := context.WithTimeout(ctx, w.pingEvery)
+		w.mu.Lock()
+		behind := len(w.wanted) > len(listening)
+		if !behind {
+			w.poke = cancel
+		}
+		w.mu.Unlock()
+		if behind {
+			cancel()
+			if err := w.listenWanted(ctx, conn, listening); err != nil {
+				return err
+			}
+			continue
+		}
 		n, err := conn.WaitForNotification(waitCtx)
+		w.mu.Lock()
+		w.poke = nil
+		w.mu.Unlock()
+		poked := errors.Is(err, context.Canceled) && waitCtx.Err() != nil && ctx.Err() == nil
 		cancel()
 		switch {
 		case err == nil:
 			w.notified(n.Payload, n.PID)
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case poked && !conn.IsClosed():
+			// Poked: the loop LISTENs on the channel wanted.
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
 			// Quiet for a while: make sure the connection still works.
 			pingCtx, cancel := context.WithTimeout(ctx, listenCallTimeout)
@@ -605,4 +669,37 @@ func (w *wakeups) listenOnce(ctx context.Context, conn *pgx.Conn, ready func()) 
 			return fmt.Errorf("waiting for notifications: %w", err)
 		}
 	}
+}
+
+// deadlineWatcher is a pgx.ConnConfig's BuildContextWatcherHandler that
+// ends a call whose context ends by the connection's deadline alone.
+func deadlineWatcher(c *pgconn.PgConn) ctxwatch.Handler {
+	return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+}
+
+// listenWanted LISTENs on conn on the candidate channels wanted that are
+// not in listening yet, in one round trip, and adds them to it.
+func (w *wakeups) listenWanted(ctx context.Context, conn *pgx.Conn, listening map[string]struct{}) error {
+	var sql strings.Builder
+	var added []string
+	w.mu.Lock()
+	for c := range w.wanted {
+		if _, ok := listening[c]; !ok {
+			sql.WriteString("LISTEN " + pgx.Identifier{c}.Sanitize() + ";")
+			added = append(added, c)
+		}
+	}
+	w.mu.Unlock()
+	if len(added) == 0 {
+		return nil
+	}
+	callCtx, cancel := context.WithTimeout(ctx, listenCallTimeout)
+	defer cancel()
+	if _, err := conn.Exec(callCtx, sql.String(), pgx.QueryExecModeSimpleProtocol); err != nil {
+		return fmt.Errorf("LISTEN on candidate channels: %w", err)
+	}
+	for _, c := range added {
+		listening[c] = struct{}{}
+	}
+	return nil
 }

@@ -97,7 +97,10 @@ type Options struct {
 	// name too long for a payload is sent as the empty payload. Default "<schema>.<table>" (for
 	// example "public.leader_leases"), or, when that is longer than 63
 	// bytes, "leader_" followed by 16 hex digits of its SHA-256. At most 63
-	// bytes.
+	// bytes. A Channel of 60 bytes at most also has candidate channels,
+	// Channel followed by "~" and two hexadecimal digits, on which the
+	// LeaseStore's plain releases wake the candidate they name first (see
+	// Wake-ups in the package documentation).
 	Channel string
 
 	// MessageChannel is the LISTEN/NOTIFY channel on which the Router
@@ -261,6 +264,9 @@ func (o Options) validate() error {
 		return &OptionsError{Field: "StrategyTable", Value: o.StrategyTable, Rule: "must differ from Table, AdvisoryTable, MessageTable and HeartbeatTable"}
 	case o.MessageChannel == o.Channel:
 		return &OptionsError{Field: "MessageChannel", Value: o.MessageChannel, Rule: "must differ from Channel"}
+	case len(o.Channel) <= maxCandidateChannel && len(o.MessageChannel) == len(o.Channel)+3 &&
+		strings.HasPrefix(o.MessageChannel, o.Channel+"~"):
+		return &OptionsError{Field: "MessageChannel", Value: o.MessageChannel, Rule: "must not be Channel followed by \"~\" and two characters (Channel's candidate channels)"}
 	}
 	if o.TakeoverGrace < 0 {
 		return &OptionsError{Field: "TakeoverGrace", Value: o.TakeoverGrace.String(), Rule: "must be at least 0"}

@@ -39,6 +39,7 @@ func TestOptions(t *testing.T) {
 		{Options{Channel: strings.Repeat("c", 64)}, "Channel", "at most 63 bytes"},
 		{Options{Schema: "a\x00b"}, "Schema", "NUL"},
 		{Options{Table: "\x00"}, "Table", "NUL"},
+		{Options{Channel: "wake", MessageChannel: "wake~0a"}, "MessageChannel", "candidate channels"},
 	}
 	for _, tc := range bad {
 		t.Run(fmt.Sprintf("%s breaking %q is refused", tc.field, tc.rule), func(t *testing.T) {

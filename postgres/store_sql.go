@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"crypto/md5"
+	"encoding/hex"
 	"fmt"
 	"time"
 )
@@ -58,17 +60,55 @@ var freedPayload = fmt.Sprintf(`CASE WHEN successor_token IS NOT NULL AND reserv
 	ELSE %s END`, maxPayloadLength-32, payloadHandover, releasePayload)
 
 // dibsPayload is the SQL expression for the NOTIFY payload of a release
-// of row name: a handover's (freedPayload) while the row's reservation
-// runs, and otherwise, if the column first_token names a candidate (see
-// firstCandidate), a handover's to that candidate for dibsHold, which
-// wakes it alone and the other candidates dibsHold (and deferSlack)
-// later, unless a grant's notice comes first. The lease itself is not
+// of row name: if the column dibs is true (see dibsCondition), a
+// handover's to the candidate that the column first_token names (see
+// firstCandidate) for dibsHold, which wakes it alone and the other
+// candidates dibsHold (and deferSlack) later, unless a grant's notice
+// comes first; otherwise a handover's (freedPayload) while the row's
+// reservation runs, and the release's after it. The lease itself is not
 // reserved: it is free for any candidate at once. The columns name,
-// successor_token, reserved_until and first_token must be in scope.
-var dibsPayload = fmt.Sprintf(`CASE WHEN (successor_token IS NULL OR reserved_until <= clock_timestamp())
-		AND first_token IS NOT NULL AND octet_length(name) + octet_length(first_token) <= %d
+// successor_token, reserved_until, first_token and dibs must be in
+// scope.
+var dibsPayload = fmt.Sprintf(`CASE WHEN dibs
 	THEN '%s%d,' || octet_length(first_token) || ':' || first_token || name
-	ELSE %s END`, maxPayloadLength-32, payloadHandover, dibsHold/time.Microsecond, freedPayload)
+	ELSE %s END`, payloadHandover, dibsHold/time.Microsecond, freedPayload)
+
+// dibsCondition is the SQL condition for a release of row r whose notice
+// names the candidate to wake first (dibsPayload): no reservation runs,
+// a candidate d.first_token was found, and the payload is not too long.
+var dibsCondition = fmt.Sprintf(`(r.successor_token IS NULL OR r.reserved_until <= clock_timestamp())
+		AND d.first_token IS NOT NULL AND octet_length(r.name) + octet_length(d.first_token) <= %d`, maxPayloadLength-32)
+
+// candidateBuckets is how many candidate channels a channel has (see
+// candidateChannel).
+const candidateBuckets = 256
+
+// maxCandidateChannel is the longest channel that has candidate
+// channels: PostgreSQL's identifiers, channels among them, have 63 bytes
+// at most, and a candidate channel is 3 bytes longer.
+const maxCandidateChannel = 60
+
+// candidateChannel returns the candidate channel of the candidate of
+// token on channel: channel, "~", and the first two hexadecimal digits
+// of the MD5 of token, so one of candidateBuckets. A plain release's
+// notice that names the candidate to wake first is sent there alone (see
+// LeaseStore.Release), and a store's listener LISTENs on the candidate
+// channels of its free-watchers' candidates, so that the release wakes
+// the backends and processes of that candidate (and of the few that share
+// its channel), not every listener's. It returns "" for a channel too
+// long to have candidate channels (see maxCandidateChannel).
+func candidateChannel(channel, token string) string {
+	if len(channel) > maxCandidateChannel {
+		return ""
+	}
+	sum := md5.Sum([]byte(token))
+	return channel + "~" + hex.EncodeToString(sum[:1])
+}
+
+// candidateChannelSQL is the SQL expression of candidateChannel for the
+// channel $4 and the token column first_token, when targeted is true,
+// and of $4 otherwise.
+const candidateChannelSQL = `CASE WHEN targeted THEN $4::text || '~' || left(md5(first_token), 2) ELSE $4::text END`
 
 // firstCandidate returns the SQL query for the token of the candidate
 // that a plain release of the lease named by the expression name, held
@@ -86,7 +126,10 @@ func firstCandidate(table, name, holder string) string {
 
 func newStatements(opts Options) statements {
 	table, hb, st := opts.qualifiedTable(), opts.qualifiedHeartbeatTable(), opts.qualifiedStrategyTable()
-	release := func(notify string) string {
+	// release is the release statement, whose NOTIFY is the expression
+	// notify, and which says whether it was sent on a candidate channel
+	// (the boolean expression targeted, where dibs is).
+	release := func(notify, targeted string) string {
 		return fmt.Sprintf(`
 WITH released AS (
 	UPDATE %[1]s AS l
@@ -97,9 +140,15 @@ WITH released AS (
 		AND %[3]s > clock_timestamp()
 	RETURNING l.name, l.successor_token, l.reserved_until
 ), notified AS (
-	SELECT %[2]s FROM released AS r LEFT JOIN LATERAL (%[5]s) AS d ON true
+	SELECT %[2]s AS sent, targeted FROM (
+		SELECT r.name, r.successor_token, r.reserved_until, d.first_token, k.dibs,
+			k.dibs AND %[7]s AS targeted
+		FROM released AS r LEFT JOIN LATERAL (%[5]s) AS d ON true
+		CROSS JOIN LATERAL (SELECT %[6]s AS dibs) AS k
+	) AS x
 )
-SELECT count(*) FROM notified`, table, notify, expiry(hb), clearedTransfer, firstCandidate(opts.qualifiedCandidateTable(), "r.name", "$2"))
+SELECT count(*), coalesce(bool_or(targeted), false) FROM notified`, table, notify, expiry(hb), clearedTransfer,
+			firstCandidate(opts.qualifiedCandidateTable(), "r.name", "$2"), dibsCondition, targeted)
 	}
 	// The acquire statement: see the statements' comments below. $5, the
 	// channel, is not used but for its type: a grant's NOTIFY is sent
@@ -242,10 +291,16 @@ RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_
 		// unexpired lease held by the token under the term, keeping the
 		// term and clearing any request, records the reservation (none
 		// for a plain release), and sends the wake-up in the same
-		// statement (it is delivered when the statement commits).
-		// Returns 1 if released.
-		release:      release(`pg_notify($4, ` + dibsPayload + `)`),
-		releaseQuiet: release(`$4::text`),
+		// statement (it is delivered when the statement commits). The
+		// notice of a release that names the candidate to wake first
+		// goes to that candidate's channel alone (see candidateChannel),
+		// if $4 is short enough to have candidate channels; Release then
+		// sends the plain release's to $4 later, if the lease is still
+		// free. Returns 1 if released, and whether the notice went to a
+		// candidate channel.
+		release: release(`pg_notify(`+candidateChannelSQL+`, `+dibsPayload+`)`,
+			fmt.Sprintf("octet_length($4::text) <= %d", maxCandidateChannel)),
+		releaseQuiet: release(`$4::text`, "false"),
 
 		// The NOTIFY of a release, if the lease is still free: $1 name,
 		// $2 channel. "free" locks the row, so that a grant under way
