@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -65,9 +66,13 @@ type wakeups struct {
 	// have watched for (WatchFreeFor), which the listener LISTENs on; it
 	// only grows, and holds candidateBuckets at most.
 	wanted map[string]struct{}
+	// wantedN is len(wanted), which the listener reads without mu.
+	wantedN atomic.Int64
 	// poke, while the listener waits for a notification, ends that wait,
-	// so that it LISTENs on a channel just wanted; nil otherwise.
-	poke    context.CancelFunc
+	// so that it LISTENs on a channel just wanted; nil otherwise. The
+	// listener sets it and then reads wantedN; addLocked adds to wantedN
+	// and then reads poke: one of them sees the other's write.
+	poke    atomic.Pointer[context.CancelFunc]
 	closed  bool
 	stop    context.CancelFunc // stops the listener; nil until the first Watch
 	stopped chan struct{}      // closed when the listener has returned
@@ -189,8 +194,9 @@ func (w *wakeups) addLocked(name string, ch chan struct{}, wt watcher) {
 		if c := candidateChannel(w.channel, wt.token); c != "" {
 			if _, ok := w.wanted[c]; !ok {
 				w.wanted[c] = struct{}{}
-				if w.poke != nil {
-					w.poke()
+				w.wantedN.Add(1)
+				if poke := w.poke.Load(); poke != nil {
+					(*poke)()
 				}
 			}
 		}
@@ -629,25 +635,24 @@ func (w *wakeups) listenOnce(ctx context.Context, conn *pgx.Conn, ready func()) 
 	}
 
 	for {
-		// A candidate channel wanted meanwhile: LISTEN on it first.
 		waitCtx, cancel := context.WithTimeout(ctx, w.pingEvery)
-		w.mu.Lock()
-		behind := len(w.wanted) > len(listening)
-		if !behind {
-			w.poke = cancel
-		}
-		w.mu.Unlock()
-		if behind {
-			cancel()
-			if err := w.listenWanted(ctx, conn, listening); err != nil {
-				return err
+		if w.candidateChannels {
+			w.poke.Store(&cancel)
+			if w.wantedN.Load() > int64(len(listening)) {
+				// A candidate channel wanted meanwhile: LISTEN on it
+				// first.
+				w.poke.Store(nil)
+				cancel()
+				if err := w.listenWanted(ctx, conn, listening); err != nil {
+					return err
+				}
+				continue
 			}
-			continue
 		}
 		n, err := conn.WaitForNotification(waitCtx)
-		w.mu.Lock()
-		w.poke = nil
-		w.mu.Unlock()
+		if w.candidateChannels {
+			w.poke.Store(nil)
+		}
 		poked := errors.Is(err, context.Canceled) && waitCtx.Err() != nil && ctx.Err() == nil
 		cancel()
 		switch {
