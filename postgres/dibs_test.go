@@ -59,8 +59,10 @@ func TestReleaseNamesTheCandidateToWakeFirst(t *testing.T) {
 	l := mustGrant(t, s, "dibs", alice, time.Minute)
 	first, last := enlistForDibs(t, s, "dibs", &alice)
 	for candidateChannel(s.opts.Channel, first.Token) == candidateChannel(s.opts.Channel, last.Token) {
-		first.Token = rand.Text() // another channel, so that it hears nothing
-		if err := s.Enlist(callCtx(t), "dibs", first, time.Minute); err != nil {
+		// Another channel for the one named, so that first's hears
+		// nothing; enlisted anew, it is still the one enlisted last.
+		last.Token = rand.Text()
+		if err := s.Enlist(callCtx(t), "dibs", last, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -133,10 +135,13 @@ func TestReleaseNoticeOnALongChannel(t *testing.T) {
 func TestListenerListensOnCandidateChannels(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	if _, err := b.store.Watch(t.Context(), "other"); err != nil {
+	other, err := b.store.Watch(t.Context(), "other")
+	if err != nil {
 		t.Fatal(err)
 	}
 	pid := waitListening(t, b)
+	time.Sleep(50 * time.Millisecond) // the wake-up sent once listening
+	drain(other)
 	c := candidate("c")
 	ch := watchFor(t, b.store, "late", c)
 	time.Sleep(50 * time.Millisecond)
@@ -149,10 +154,14 @@ func TestListenerListensOnCandidateChannels(t *testing.T) {
 		}
 		select {
 		case <-ch:
+			// Woken by the notice, not by a new connection's wake-up
+			// of every watcher.
 			select {
 			case again := <-b.listening:
 				t.Fatalf("the listener (backend %d) connected again (backend %d) to LISTEN on a candidate channel; want it to LISTEN on its connection", pid, again)
-			default:
+			case <-other:
+				t.Fatal("the watcher of another name was woken with the candidate's: the listener connected again, or woke every watcher")
+			case <-time.After(100 * time.Millisecond):
 			}
 			return
 		case <-time.After(50 * time.Millisecond):
@@ -193,6 +202,10 @@ func wokenInOrder(t *testing.T, first, other <-chan struct{}) {
 func TestReleaseWakesTheNamedCandidateFirst(t *testing.T) {
 	t.Parallel()
 	a := setup(t)
+	// The later release notice on the store's channel must not come
+	// before the named candidate's store wakes the other: this checks
+	// that store's own deferral.
+	a.store.noticeDelay = time.Second
 	f := setupOn(t, a.pool, Options{}) // the followers' process
 	alice := candidate("alice")
 	l := mustGrant(t, a.store, "dibs", alice, time.Minute)
@@ -204,4 +217,29 @@ func TestReleaseWakesTheNamedCandidateFirst(t *testing.T) {
 	drain(chFirst)
 	mustRelease(t, a.store, "dibs", alice, l.Term)
 	wokenInOrder(t, chLast, chFirst)
+}
+
+// TestCloseSendsTheLaterReleaseNotice checks that Close, called right
+// after a plain release whose notice named a candidate (which does not
+// listen, here), waits for the later release notice on the store's
+// channel and sends it: the other candidates would otherwise wait for
+// the expiry they last saw.
+func TestCloseSendsTheLaterReleaseNotice(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	b := setupOn(t, a.pool, Options{})
+	b.store.noticeDelay = 300 * time.Millisecond
+	heard := heardOn(t, a, b.store.opts.Channel)
+	alice := candidate("alice")
+	l := mustGrant(t, b.store, "closing", alice, time.Minute)
+	bob := candidate("bob")
+	if err := b.store.Enlist(callCtx(t), "closing", bob, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	heard(time.Second) // alice's grant notice
+	mustRelease(t, b.store, "closing", alice, l.Term)
+	b.store.Close()
+	if got := heard(time.Second); len(got) != 1 || got[0] != "closing" {
+		t.Fatalf("after a release naming a candidate and Close, the store's channel heard %q; want [%q]", got, "closing")
+	}
 }

@@ -15,7 +15,7 @@ import (
 // grant, so only the watchers of grants (Watch) learn of it that much
 // later (see Wake-ups in the package documentation).
 func (s *LeaseStore) noticeGrantLater(name, token string, term int64) {
-	s.noticeLater("grant", "watchers of grants learn of it at their own time",
+	s.noticeLater(false, "grant", "watchers of grants learn of it at their own time",
 		s.sql.grantNotice, name, token, term, s.opts.Channel)
 }
 
@@ -24,20 +24,27 @@ func (s *LeaseStore) noticeGrantLater(name, token string, term int64) {
 // release whose notice went to the candidate channel of the candidate it
 // wakes first (see candidateChannel), so that the other candidates learn
 // of the release if that one did not take the lease, and nobody else
-// wakes if it did.
+// wakes if it did. Close does not call it off: it waits for it, and it is
+// sent (the other candidates would otherwise wait for the expiry they
+// last saw, up to a TTL).
 func (s *LeaseStore) noticeFreedLater(name string) {
-	s.noticeLater("release", "followers other than the one woken first try at the expiry they last saw",
+	s.noticeLater(true, "release", "candidates other than the one woken first try at the expiry they last saw",
 		s.sql.freedNotice, name, s.opts.Channel)
 }
 
-// noticeLater runs stmt with args on the store's pool once noticeDelay
-// has passed, on a goroutine of its own that Close cancels and waits for;
-// what names the notice and cost what its failure costs, in the log.
-func (s *LeaseStore) noticeLater(what, cost, stmt string, args ...any) {
+// noticeLater runs stmt with args (args[0] is the name) on the store's
+// pool once noticeDelay has passed, on a goroutine of its own that Close
+// waits for. Close calls it off unless must is set; what names the notice
+// and cost what its failure costs, in the log (a warning if must).
+func (s *LeaseStore) noticeLater(must bool, what, cost, stmt string, args ...any) {
 	l := &s.later
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
+		if must {
+			s.opts.Logger.Warn("the store is closed: the deferred notice of a "+what+" is not sent; "+cost,
+				slog.String("name", args[0].(string)))
+		}
 		return
 	}
 	delay := s.noticeDelay
@@ -46,15 +53,24 @@ func (s *LeaseStore) noticeLater(what, cost, stmt string, args ...any) {
 		defer l.wg.Done()
 		t := time.NewTimer(delay)
 		defer t.Stop()
+		ctx := l.ctx
 		select {
 		case <-l.ctx.Done():
-			return
+			if !must {
+				return
+			}
+			<-t.C // the rest of the delay, while Close waits
+			ctx = context.Background()
 		case <-t.C:
 		}
-		ctx, cancel := s.opts.bound(l.ctx)
+		ctx, cancel := s.opts.bound(ctx)
 		defer cancel()
-		if _, err := s.pool.Exec(ctx, stmt, args...); err != nil && l.ctx.Err() == nil {
-			s.opts.Logger.Debug("the deferred notice of a "+what+" failed; "+cost,
+		if _, err := s.pool.Exec(ctx, stmt, args...); err != nil && (must || l.ctx.Err() == nil) {
+			level := slog.LevelDebug
+			if must {
+				level = slog.LevelWarn
+			}
+			s.opts.Logger.Log(ctx, level, "the deferred notice of a "+what+" failed; "+cost,
 				slog.String("name", args[0].(string)), slog.Any("error", err))
 		}
 	}()

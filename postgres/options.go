@@ -94,7 +94,10 @@ type Options struct {
 	// Channel is the LISTEN/NOTIFY channel for the stores' wake-ups. The
 	// payload of a release is the election name ("~r" and the name, for a
 	// name that begins with '~'); that of a grant is "~g" and the name; a
-	// name too long for a payload is sent as the empty payload. Default "<schema>.<table>" (for
+	// name too long for a payload is sent as the empty payload. The
+	// LeaseStore sends a grant's 5 ms after it, and a plain release with
+	// other candidates' 5 ms after it, only if the lease is still free
+	// then (see Wake-ups in the package documentation). Default "<schema>.<table>" (for
 	// example "public.leader_leases"), or, when that is longer than 63
 	// bytes, "leader_" followed by 16 hex digits of its SHA-256. At most 63
 	// bytes. A Channel of 60 bytes at most also has candidate channels,
@@ -106,7 +109,8 @@ type Options struct {
 	// MessageChannel is the LISTEN/NOTIFY channel on which the Router
 	// announces durable messages to the leader (the payload is the
 	// Router's channel name). Default "<schema>.<message table>", shortened
-	// like Channel. At most 63 bytes.
+	// like Channel. At most 63 bytes; not Channel, nor one of Channel's
+	// candidate channels.
 	MessageChannel string
 
 	// TakeoverGrace is how long an AdvisoryStore lets pass, after a lock

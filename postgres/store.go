@@ -490,33 +490,38 @@
 // attempt, so one that stopped without withdrawing falls behind within a
 // TTL), never the releasing holder. The notification goes to that
 // candidate's channel alone: Options.Channel, "~", and the first two
-// hexadecimal digits of the MD5 of its token, one of 256 candidate
+// hexadecimal digits of the SHA-256 of its token, one of 256 candidate
 // channels, on which each store's listener also LISTENs for the
-// candidates it watches for. So it wakes the process of that candidate
-// (and of the few whose candidates share its channel) rather than every
-// listener's; PostgreSQL 15 still signals every listening backend of the
-// database, which reads the notification and drops it. The named
-// candidate's store wakes it at once; a store that hears the notification
-// for another of its candidates wakes those 8 ms later (3 ms, and the 5 ms
-// slack of every handover's notice), unless the notice of a grant of the
-// name comes first. 5 ms after the release, the releasing store sends the
-// plain release's notification on Options.Channel, if the lease is still
-// free then, which wakes every other candidate; if the named one took it,
-// nobody else is woken (with a graceful handover's leaderless gap going
-// from 2.8 to 2.3 ms at p50 in the bench). Options.Channel longer than 60
-// bytes has no candidate channels (an identifier has 63 bytes at most):
-// the notification naming the candidate goes to it, and every store's
+// candidates it watches for (a listener keeps the channels it added, so
+// a process with many candidates ends up on most of them). So it wakes
+// the process of that candidate (and of the few whose candidates share
+// its channel) rather than every listener's; PostgreSQL (through 18 at
+// least) still signals every listening backend of the database, which
+// reads the notification and drops it. The named candidate's store wakes
+// it at once; a store that hears the notification for another of its
+// candidates wakes those 8 ms later (3 ms, and the 5 ms slack of every
+// handover's notice), unless the later release notice or a grant's comes
+// first. 5 ms after the release, the releasing store sends the plain
+// release's notification on Options.Channel, if the lease is still free
+// then, which wakes every other candidate (and every other listener of
+// Options.Channel); if the named one took it, nobody else is woken. Close
+// waits for that notification and sends it; a process that exits within
+// those 5 ms without Close does not, and the other candidates then try
+// at the expiry they last saw. Options.Channel longer than 60 bytes has
+// no candidate channels (an identifier has 63 bytes at most): the
+// notification naming the candidate goes to it, and every store's
 // listener hears it. The lease is not reserved: any candidate may take
 // it at once, and one whose own timer fires then does. So a graceful
 // handover is taken by one follower alone rather than raced for by all
 // of them, whose attempts took the server and the CPU from the winner's
 // (its p99 fell from 7.6–8.2 ms to 3.4–4.9 ms, 10 followers on a
-// 2-core machine). The other followers are not woken at all when the
+// 2-core machine; see BENCHMARKS.md for the candidate channels'
+// share). The other followers are not woken at all when the
 // named one takes the lease: they learn of the new term at their next
 // attempt, at the expiry of the lease they last saw, as after a
 // handover to a chosen successor. A named candidate that does not take
 // the lease (it stopped, or sits out after its own tenure) costs the
-// handover 5 to 8 ms. A store of a version without candidate channels
+// handover 5 ms. A store of a version without candidate channels
 // does not hear the notification naming a candidate, and learns of the
 // release from the later one, 5 ms on; one of a version with transfers'
 // handover notices takes a notification naming a candidate on

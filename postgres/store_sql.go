@@ -1,7 +1,7 @@
 package postgres
 
 import (
-	"crypto/md5"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"time"
@@ -74,9 +74,10 @@ var dibsPayload = fmt.Sprintf(`CASE WHEN dibs
 	ELSE %s END`, payloadHandover, dibsHold/time.Microsecond, freedPayload)
 
 // dibsCondition is the SQL condition for a release of row r whose notice
-// names the candidate to wake first (dibsPayload): no reservation runs,
-// a candidate d.first_token was found, and the payload is not too long.
-var dibsCondition = fmt.Sprintf(`(r.successor_token IS NULL OR r.reserved_until <= clock_timestamp())
+// names the candidate to wake first (dibsPayload): a plain release (not
+// ReleaseTo, which reserves the lease), a candidate d.first_token was
+// found, and the payload is not too long.
+var dibsCondition = fmt.Sprintf(`r.successor_token IS NULL
 		AND d.first_token IS NOT NULL AND octet_length(r.name) + octet_length(d.first_token) <= %d`, maxPayloadLength-32)
 
 // candidateBuckets is how many candidate channels a channel has (see
@@ -90,7 +91,7 @@ const maxCandidateChannel = 60
 
 // candidateChannel returns the candidate channel of the candidate of
 // token on channel: channel, "~", and the first two hexadecimal digits
-// of the MD5 of token, so one of candidateBuckets. A plain release's
+// of the SHA-256 of token (as UTF-8), so one of candidateBuckets. A plain release's
 // notice that names the candidate to wake first is sent there alone (see
 // LeaseStore.Release), and a store's listener LISTENs on the candidate
 // channels of its free-watchers' candidates, so that the release wakes
@@ -101,14 +102,15 @@ func candidateChannel(channel, token string) string {
 	if len(channel) > maxCandidateChannel {
 		return ""
 	}
-	sum := md5.Sum([]byte(token))
+	sum := sha256.Sum256([]byte(token))
 	return channel + "~" + hex.EncodeToString(sum[:1])
 }
 
 // candidateChannelSQL is the SQL expression of candidateChannel for the
 // channel $4 and the token column first_token, when targeted is true,
 // and of $4 otherwise.
-const candidateChannelSQL = `CASE WHEN targeted THEN $4::text || '~' || left(md5(first_token), 2) ELSE $4::text END`
+const candidateChannelSQL = `CASE WHEN targeted
+	THEN $4::text || '~' || left(encode(sha256(convert_to(first_token, 'UTF8')), 'hex'), 2) ELSE $4::text END`
 
 // firstCandidate returns the SQL query for the token of the candidate
 // that a plain release of the lease named by the expression name, held
