@@ -257,13 +257,18 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		}
 		if !marked {
 			// Granted the shared lock only once no one holds it
-			// exclusively; it is let go in the same statement.
+			// exclusively; it is let go in the same statement. The
+			// holder may be a grant whose mark was not taken yet when
+			// this lock waiter looked: its release may be a handover,
+			// or the lease taken already, as after a mark's (below).
 			inFlight = time.Time{}
-			if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key); err != nil {
+			h, taken, err := s.awaitGoing(ctx, conn, name, *holder,
+				"SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key)
+			if err != nil {
 				return err // waitLoop wakes the watchers
 			}
 			owed = false
-			s.wake(name)
+			s.wakeFor(name, h, taken)
 			continue
 		}
 		s.wakeups.expect(name, uint32(*holder))
@@ -284,17 +289,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		s.freed[name] = freeing{pid: *holder, at: time.Now()}
 		s.smu.Unlock()
 		owed, gone, wokeFor = false, *holder, *holder
-		switch {
-		case taken:
-			// Granted to another backend already (a prepared handover's
-			// successor, whose grant runs as the holder lets go): the
-			// lease is not free, and waking the followers would only
-			// have each of them try, beside the new leader's start.
-		case h != nil:
-			s.handover(name, h.token, time.Until(h.until))
-		default:
-			s.wake(name)
-		}
+		s.wakeFor(name, h, taken)
 		// Stay out of the way of the candidates just woken, whose
 		// statements the winner's waits behind on a busy server: look
 		// again at the next grant's notification, or after markLook. (A
@@ -310,13 +305,41 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 	}
 }
 
+// wakeFor wakes the watchers of name once its holder has let go (see
+// awaitGoing): none if the lease was taken already (granted to another
+// backend: a prepared handover's successor, whose grant runs as the
+// holder lets go; the lease is not free, and waking the followers would
+// only have each of them try, beside the new leader's start), the
+// successor first if it was handed over to one (h), and all of them
+// otherwise.
+func (s *AdvisoryStore) wakeFor(name string, h *handoff, taken bool) {
+	switch {
+	case taken:
+	case h != nil:
+		s.handover(name, h.token, time.Until(h.until))
+	default:
+		s.wake(name)
+	}
+}
+
 // awaitMark waits until the backend of PID holder lets go of its mark,
 // and returns, read in the same round trip once it has, the reservation
 // of name's lease if it was handed over (nil if not): a holder's release
 // clears (and reserves) the row before it unlocks.
 func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name string, holder int32) (h *handoff, taken bool, err error) {
+	return s.awaitGoing(ctx, conn, name, holder,
+		"SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", holder)
+}
+
+// awaitGoing runs wait, with arg, which returns once the backend of PID
+// holder has let go of a lock (its mark, or the lease's lock), and
+// returns, read in the same round trip once it has, the reservation of
+// name's lease if it was handed over (nil if not), or taken if the row
+// names another backend as its holder: a holder's release clears (and
+// reserves) the row before it unlocks.
+func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name string, holder int32, wait string, arg any) (h *handoff, taken bool, err error) {
 	var b pgx.Batch
-	b.Queue("SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", holder)
+	b.Queue(wait, arg)
 	hi, lo := keyHalves(s.Key(name))
 	b.Queue(s.sql.reserved, name, hi, lo)
 	br := conn.SendBatch(ctx, &b)
