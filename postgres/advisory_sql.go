@@ -413,7 +413,7 @@ SELECT true, (SELECT count(*) FROM disarmed)`,
 		observe: observeRow(table, "$1", "$2", "$3"),
 
 		// Reserved, what a lock waiter reads as a holder lets go of its
-		// mark: $1 name, $2 and $3 the key's halves. The token that the
+		// mark (or of the lease's lock): $1 name, $2 and $3 the key's halves. The token that the
 		// name's released lease is reserved for, and how long it stays
 		// reserved, in microseconds on the server's clock (NULL and 0 if
 		// it is not reserved), and the backend that the row names as its

@@ -258,9 +258,11 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		if !marked {
 			// Granted the shared lock only once no one holds it
 			// exclusively; it is let go in the same statement. The
-			// holder may be a grant whose mark was not taken yet when
-			// this lock waiter looked: its release may be a handover,
-			// or the lease taken already, as after a mark's (below).
+			// holder may be a leader whose mark was already gone while
+			// its lock was still seen (the look straddled its release,
+			// or its session ended), or one whose mark is held by
+			// another session: its release may be a handover, or the
+			// lease taken already, as after a mark's (below).
 			inFlight = time.Time{}
 			h, taken, err := s.awaitGoing(ctx, conn, name, *holder,
 				"SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key)
@@ -335,8 +337,10 @@ func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name stri
 // holder has let go of a lock (its mark, or the lease's lock), and
 // returns, read in the same round trip once it has, the reservation of
 // name's lease if it was handed over (nil if not), or taken if the row
-// names another backend as its holder: a holder's release clears (and
-// reserves) the row before it unlocks.
+// names another backend than holder, one that holds the lease's lock
+// now: a holder's release clears (and reserves) the row before it
+// unlocks. On the lease's lock, the wait ends when whoever holds it then
+// lets go, which may be a later holder than holder.
 func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name string, holder int32, wait string, arg any) (h *handoff, taken bool, err error) {
 	var b pgx.Batch
 	b.Queue(wait, arg)
