@@ -925,3 +925,59 @@ func TestAdvisoryLockWaiterWaitsOutAGrantInFlight(t *testing.T) {
 	}
 	waitWake(t, ch, "after the stray session let go of the lock")
 }
+
+// TestAdvisoryUnmarkedHolderHandsOver checks the lock waiter that waits
+// on the lease's lock itself (its holder's mark gone, as when a stray
+// session holds it): a handover's release wakes the successor's watcher,
+// and the other candidates' only once the reservation has run out, as
+// after a mark.
+func TestAdvisoryUnmarkedHolderHandsOver(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	followers := setupAdvisory(t, pool, Options{})
+	const name = "unmarked-handover"
+	key := holders.Key(name)
+	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
+	forBob, err := followers.WatchFreeFor(t.Context(), name, bob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forCarol, err := followers.WatchFreeFor(t.Context(), name, carol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []leader.Candidate{bob, carol} {
+		if err := holders.Enlist(callCtx(t), name, c, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	err = holders.holderSession(t, name).do(callCtx(t), holders, false, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock("+markClass+", pg_backend_pid())")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	electortest.Eventually(t, 10*time.Second, "the lock waiter waiting on the unmarked lock", func() bool {
+		return requests(t, pool, key, pid).lockSharedWaiting == 1
+	})
+	time.Sleep(100 * time.Millisecond)
+	drain(forBob)
+	drain(forCarol)
+	const hold = 3 * time.Second
+	if err := holders.ReleaseTo(callCtx(t), name, alice.Token, held.Term, bob, leader.GrantTransfer, hold); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	waitWake(t, forBob, "for the successor, after a handover of an unmarked lock")
+	select {
+	case <-forCarol:
+		if d := time.Since(released); d < hold/2 {
+			t.Fatalf("a handover to bob for %v woke carol's watcher after %v, while it was reserved for him", hold, d)
+		}
+	case <-time.After(hold / 2):
+	}
+}
