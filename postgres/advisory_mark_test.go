@@ -201,13 +201,7 @@ func TestAdvisoryLockWaitersWaitOnTheHoldersMark(t *testing.T) {
 	// lock waiters look again, then wait on the lock itself.
 	held = mustGrant(t, holders, name, alice, time.Minute)
 	pid = holders.holderPID(t, name)
-	err := holders.holderSession(t, name).do(callCtx(t), holders, false, func(conn *pgx.Conn) error {
-		_, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock("+markClass+", pg_backend_pid())")
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	unmark(t, holders, name)
 	electortest.Eventually(t, 10*time.Second, "three lock waiters waiting on the unmarked lock", func() bool {
 		return requests(t, pool, key, pid).lockSharedWaiting == 3
 	})
@@ -217,6 +211,19 @@ func TestAdvisoryLockWaitersWaitOnTheHoldersMark(t *testing.T) {
 	mustRelease(t, holders, name, alice, held.Term)
 	for _, ch := range watchers {
 		waitWake(t, ch, "after the release of an unmarked lock")
+	}
+}
+
+// unmark has the session that holds name's lease on s let go of its
+// mark, keeping the lease's lock, as when a stray session holds the mark.
+func unmark(t *testing.T, s *AdvisoryStore, name string) {
+	t.Helper()
+	err := s.holderSession(t, name).do(callCtx(t), s, false, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock("+markClass+", pg_backend_pid())")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -954,13 +961,7 @@ func TestAdvisoryUnmarkedHolderHandsOver(t *testing.T) {
 	}
 	held := mustGrant(t, holders, name, alice, time.Minute)
 	pid := holders.holderPID(t, name)
-	err = holders.holderSession(t, name).do(callCtx(t), holders, false, func(conn *pgx.Conn) error {
-		_, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock("+markClass+", pg_backend_pid())")
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	unmark(t, holders, name)
 	electortest.Eventually(t, 10*time.Second, "the lock waiter waiting on the unmarked lock", func() bool {
 		return requests(t, pool, key, pid).lockSharedWaiting == 1
 	})
