@@ -136,6 +136,21 @@ import (
 // that then comes while lock waiters hold the lock shared waits for them
 // in the lock's queue (at most 100 ms).
 //
+// A plain release wakes one candidate first, as the LeaseStore's does (see
+// Wake-ups there): the candidate of the highest priority that has
+// campaigned the longest, never the holder, whose entry the release
+// removes. In the same round trip, the holder's session clears the row,
+// frees the lock and sends the notification that names that candidate, on
+// its candidate channel alone (after the unlock, so that the candidate
+// never finds the lock still held), and frees its mark 5 ms later: the
+// named candidate's store wakes it at once, and the lock waiters of every
+// process wake as the mark is freed, when they find the lease taken and
+// wake nobody, or free and wake every follower. So a graceful handover
+// wakes one process, not every follower's, and Release returns 5 ms later
+// than it would otherwise. A named candidate that does not take the lease
+// costs the handover those 5 ms. With no candidate to name, or a Channel
+// too long to have candidate channels, the mark goes with the lock.
+//
 // # Handovers
 //
 // ReleaseTo (see Transfers in the package documentation) clears the row,
@@ -210,6 +225,9 @@ type AdvisoryStore struct {
 	// waiterPoll is the const waiterPoll; tests lengthen it, so that a
 	// wake-up they wait for cannot come from the poll instead of the event.
 	waiterPoll time.Duration
+	// markAfter is the const namedMarkAfter; tests lengthen it, so that
+	// the lock waiters' wake-up cannot come first on a busy machine.
+	markAfter time.Duration
 }
 
 var (
@@ -235,8 +253,15 @@ const (
 	// further look, and once it has found the same for grantInFlight, it
 	// waits on the lock itself. A lock waiter that has woken the watchers
 	// waits as long before it looks again.
-	markLook      = 20 * time.Millisecond
-	grantInFlight = time.Second
+	markLook = 20 * time.Millisecond
+	// namedMarkAfter is how long after a plain release that named a
+	// candidate on its candidate channel the holder's mark is freed, and
+	// the lock waiters of every process woken (see releaseOn): they find
+	// the lease taken by then, and wake nobody, or free, and wake every
+	// follower. A named candidate that does not come costs the handover
+	// that much.
+	namedMarkAfter = 5 * time.Millisecond
+	grantInFlight  = time.Second
 	// lingerFor is how long after a lock waiter saw a holder's mark
 	// freed a candidate that finds the lock still held by that holder's
 	// backend looks again (see lingering).
@@ -308,7 +333,9 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		settleWait:  settleWait,
 		queueWait:   queueWait,
 		waiterPoll:  waiterPoll,
+		markAfter:   namedMarkAfter,
 	}
+	s.candidateChannels = true
 	ctx, cancel := opts.bound(ctx)
 	defer cancel()
 	if err := s.check(ctx); err != nil {
@@ -361,7 +388,7 @@ func (s *AdvisoryStore) connect(ctx context.Context) (*pgx.Conn, error) {
 	// The session's statements are planned before its first attempt,
 	// which a released lease's successor makes as the handover's clock
 	// runs (see planAhead); best effort.
-	if err := planAhead(ctx, conn, []string{s.sql.grantQuick, s.sql.grant, s.sql.grantLocked, s.sql.release, s.sql.unlock}); err != nil {
+	if err := planAhead(ctx, conn, []string{s.sql.grantQuick, s.sql.grant, s.sql.grantLocked, s.sql.release, s.sql.unlock, namedUnlock}); err != nil {
 		if ctx.Err() != nil {
 			closeConn(conn)
 			return nil, err

@@ -123,7 +123,7 @@ func endedByServer(err error) bool {
 // statement failed or released nothing; the caller then closes the
 // session anyway.
 func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, token string, term uint64, key int64, h *reservation) (released, unlocked bool, err error) {
-	args := [][]byte{[]byte(name), []byte(token), strconv.AppendUint(nil, term, 10), nil, nil, nil, nil}
+	args := [][]byte{[]byte(name), []byte(token), strconv.AppendUint(nil, term, 10), nil, nil, nil, nil, []byte(s.opts.Channel)}
 	if h != nil {
 		args[3], args[4], args[5] = []byte(h.to.Token), []byte(h.to.ID), []byte(h.reason)
 		args[6] = strconv.AppendInt(nil, int64(interval(h.hold)/time.Microsecond), 10)
@@ -133,11 +133,19 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 	// them; if planning ahead failed, it prepares them, a round trip
 	// each); in another query exec mode than pgx's default they are sent
 	// with their text.
+	// A plain release may name a candidate on its candidate channel (see
+	// advisoryStatements.release); if it did, the mark is freed markAfter
+	// later.
+	named := h == nil && len(s.opts.Channel) <= maxCandidateChannel
 	var release, unlock *pgconn.StatementDescription
 	errRelease, errUnlock := errors.ErrUnsupported, errors.ErrUnsupported
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		release, errRelease = conn.Prepare(ctx, s.sql.release, s.sql.release)
-		unlock, errUnlock = conn.Prepare(ctx, s.sql.unlock, s.sql.unlock)
+		if named {
+			unlock, errUnlock = conn.Prepare(ctx, namedUnlock, namedUnlock)
+		} else {
+			unlock, errUnlock = conn.Prepare(ctx, s.sql.unlock, s.sql.unlock)
+		}
 	}
 	p := conn.PgConn().StartPipeline(ctx)
 	if errRelease == nil {
@@ -166,6 +174,22 @@ SELECT (SELECT ok FROM lease), (SELECT count(*) FROM handover)`,
 		p.SendPipelineSync()
 		p.SendQueryParams(s.sql.unlockRest, nil, nil, nil, nil)
 		p.SendPipelineSync()
+	case named:
+		// The named candidate, woken by the notice that the unlock sends
+		// as it commits, takes the lease's lock, freed first. The lock
+		// waiters, which wait on the mark, wake only after its grant (and
+		// find the lease taken, see awaitMark), rather than beside it; at
+		// once if the release named nobody.
+		if errUnlock == nil {
+			p.SendQueryPrepared(unlock.Name, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil)
+		} else {
+			p.SendQueryParams(namedUnlock, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil, nil)
+		}
+		p.SendPipelineSync()
+		p.SendQueryParams(namedMark, [][]byte{[]byte(strconv.FormatFloat(s.markAfter.Seconds(), 'f', -1, 64))}, nil, nil, nil)
+		p.SendPipelineSync()
+		p.SendQueryParams(s.sql.unlockRest, nil, nil, nil, nil)
+		p.SendPipelineSync()
 	case errUnlock == nil:
 		p.SendQueryPrepared(unlock.Name, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil)
 		p.SendPipelineSync()
@@ -181,14 +205,14 @@ SELECT (SELECT ok FROM lease), (SELECT count(*) FROM handover)`,
 	if err1 != nil || err2 != nil {
 		return false, false, errors.Join(err1, err2, p.Close())
 	}
-	if markAfter {
+	if markAfter || named {
 		// The release and the unlock were answered: what fails after
 		// them only leaves the session in doubt, which closing it ends
 		// (the next call on it finds it closed).
 		_, err3 := pipelineRow(p)
 		_, err4 := pipelineRow(p)
 		if err := errors.Join(err3, err4, p.Close()); err != nil {
-			s.log.Debug("freeing a prepared handover's mark failed; the session is closed, which frees it",
+			s.log.Debug("freeing a released lease's mark failed; the session is closed, which frees it",
 				slog.String("election", name), slog.Any("error", err))
 			closeConn(conn)
 			// The session's own notice (see notifyLater) will find it

@@ -1,6 +1,9 @@
 package postgres
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // advisoryStatements are the advisory strategy's SQL, with the table name
 // filled in. Every statement names the lock by key and, where it reads
@@ -35,6 +38,36 @@ const (
 	markClass    = "-1385121490"
 	markClassOID = "2909845806"
 )
+
+// namedChannelSetting and namedPayloadSetting are the session settings in
+// which a holder's release statement leaves the candidate channel and the
+// payload of the notice that names the candidate to wake first (both empty
+// if it named none), for the statements after it: the one that frees the
+// lease's lock and sends that notice in its own transaction, so that the
+// candidate never finds the lock still held, and the one that frees the
+// holder's mark later if a candidate was named (see releaseOn).
+const (
+	namedChannelSetting = "leader.release_channel"
+	namedPayloadSetting = "leader.release_payload"
+)
+
+// namedUnlock is the second statement of a plain release that may name a
+// candidate to wake first (see releaseOn): $1 the lease's key. It frees
+// the lease's lock, and then sends the notice that the release statement
+// left in the session's settings, if any: on its commit, after the lock is
+// free. It returns whether it unlocked, and how many notices it sent.
+const namedUnlock = `WITH unlocked AS MATERIALIZED (
+	SELECT pg_advisory_unlock($1::bigint) AS ok
+), notified AS (
+	SELECT pg_notify(current_setting('` + namedChannelSetting + `'), current_setting('` + namedPayloadSetting + `'))
+	FROM unlocked WHERE coalesce(current_setting('` + namedChannelSetting + `', true), '') <> ''
+)
+SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM notified)`
+
+// namedMark is the third statement of a plain release that may name a
+// candidate (see releaseOn): $1 how long, in seconds, to wait before the
+// statement after it frees the holder's mark, if the release named one.
+const namedMark = `SELECT pg_sleep(CASE WHEN coalesce(current_setting('` + namedChannelSetting + `', true), '') <> '' THEN $1::float8 ELSE 0 END)`
 
 // markedBy returns the SQL query for the backend whose PID is pid (an SQL
 // expression) if it holds its mark, in this database.
@@ -201,7 +234,10 @@ func newAdvisoryStatements(opts Options) advisoryStatements {
 	fill := strings.NewReplacer("{t}", table, "{s}", strategies, "{ep}", epochCTEs(opts.qualifiedEpochTable(), "$5::interval"),
 		"{enlist}", enlistCTEs(opts.qualifiedCandidateTable(), claimedFor(strategies, "$1", "'advisory'"), "$5::interval",
 			[4]string{"$1", "$3", "$4", "$11"}),
-		"{grant}", grantPayload, "{freed}", freedPayload).Replace
+		"{grant}", grantPayload, "{freed}", freedPayload,
+		"{dropped}", dropHolderCandidate(opts.qualifiedCandidateTable(), "$2"),
+		"{first}", firstCandidate(opts.qualifiedCandidateTable(), "r.name", "$2"),
+		"{dibs}", dibsPayload, "{channel}", candidateChannelSQL("$8")).Replace
 	grant := func(lock, cur, locked string) string {
 		return fill(strings.NewReplacer("{lock}", lock, "{cur}", cur, "{locked}", locked).Replace(grantTemplate))
 	}
@@ -348,8 +384,22 @@ FROM cur AS c`),
 		// row free, and looks again (see acquireOn). For a handover
 		// (ReleaseTo), $4 is the successor's token, $5 its candidate ID,
 		// $6 the reason of its grant and $7 how long, in microseconds, the
-		// lease is reserved for it; all NULL for a plain release. Clears
-		// any request.
+		// lease is reserved for it; all NULL for a plain release. $8 is
+		// the store's channel. Clears any request, and removes the
+		// holder's own entry among the candidates (see
+		// dropHolderCandidate). A plain release picks the candidate to
+		// wake first, as the lease strategy's does (firstCandidate,
+		// dibsPayload), if $8 is short enough to have candidate channels,
+		// and leaves the channel and payload of the notice that names it
+		// in the session's settings (namedChannelSetting,
+		// namedPayloadSetting; empty if none): the statement after it
+		// (namedUnlock) frees the lease's lock and sends that notice, on
+		// the candidate's channel alone (see candidateChannel), whose
+		// store wakes it, and the holder's mark, on which every
+		// process's lock waiter waits, is freed markAfter later (see
+		// releaseOn), so that the other processes are not woken beside
+		// the named candidate's grant. Returns 1 if released, and whether
+		// it named a candidate.
 		release: fill(`
 WITH released AS (
 	UPDATE {t} AS a
@@ -358,8 +408,18 @@ WITH released AS (
 	FROM clock_timestamp() AS c(now)
 	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
 	RETURNING a.name
+), {dropped}, named AS (
+	SELECT {channel} AS channel, {dibs} AS payload FROM (
+		SELECT r.name, NULL::text AS successor_token, NULL::timestamptz AS reserved_until, d.first_token, true AS dibs, true AS targeted
+		FROM released AS r CROSS JOIN LATERAL ({first}) AS d
+		WHERE $4::text IS NULL AND octet_length($8::text) <= ` + strconv.Itoa(maxCandidateChannel) + `
+			AND octet_length(r.name) + octet_length(d.first_token) <= ` + strconv.Itoa(maxPayloadLength-32) + `
+	) AS x
+), flagged AS (
+	SELECT set_config('` + namedChannelSetting + `', coalesce((SELECT channel FROM named), ''), false) AS channel,
+		set_config('` + namedPayloadSetting + `', coalesce((SELECT payload FROM named), ''), false) AS payload
 )
-SELECT count(*) FROM released`),
+SELECT (SELECT count(*) FROM released), (SELECT f.channel <> '' AND f.payload <> '' FROM flagged AS f)`),
 
 		// Release notice, the wake-up of a release, on the released
 		// session once the release's two statements have their replies:

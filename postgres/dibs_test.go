@@ -8,14 +8,19 @@ import (
 	"time"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
+	"github.com/leaderelect/leader/internal/pgtest"
 )
 
-// enlistForDibs enlists, for name on s, candidates of which the release
-// must name the last: one of a lower priority, an entry that has run out
-// with the highest priority, the holder's own entry (if holder is not
-// nil) with a higher priority still, and two of priority 1, first and
-// last, of which the release wakes the one enlisted last.
-func enlistForDibs(t *testing.T, s leader.Transferer, name string, holder *leader.Candidate) (first, last leader.Candidate) {
+// enlistForDibs enlists, for name on s, candidates of which a plain
+// release must name the one returned first (named): one of a lower
+// priority, an entry that has run out with the highest priority, the
+// holder's own entry (if holder is not nil) with a higher priority
+// still, and three of priority 1: "lapsed", enlisted first but run out
+// and enlisted again after named (a break: it queues anew); named; and
+// other, enlisted after named and again last, which a rule of the
+// candidate enlisted last would name.
+func enlistForDibs(t *testing.T, s leader.Transferer, name string, holder *leader.Candidate) (named, other leader.Candidate) {
 	t.Helper()
 	enlist := func(c leader.Candidate, prio int, ttl time.Duration) leader.Candidate {
 		c.Priority = prio
@@ -26,13 +31,16 @@ func enlistForDibs(t *testing.T, s leader.Transferer, name string, holder *leade
 	}
 	enlist(candidate("low"), 0, time.Minute)
 	enlist(candidate("gone"), 5, time.Millisecond)
+	lapsed := enlist(candidate("lapsed"), 1, time.Millisecond)
 	if holder != nil {
 		enlist(*holder, 9, time.Minute)
 	}
-	first = enlist(candidate("first"), 1, time.Minute)
-	time.Sleep(2 * time.Millisecond) // so that "gone" has run out, and "last" is enlisted later
-	last = enlist(candidate("last"), 1, time.Minute)
-	return first, last
+	named = enlist(candidate("named"), 1, time.Minute)
+	time.Sleep(2 * time.Millisecond) // so that "gone" and "lapsed" have run out
+	enlist(lapsed, 1, time.Minute)
+	other = enlist(candidate("other"), 1, time.Minute)
+	enlist(other, 1, time.Minute)
+	return named, other
 }
 
 // dibsNotice is the payload of a plain release of name that wakes c first.
@@ -42,7 +50,7 @@ func dibsNotice(name string, c leader.Candidate) string {
 
 // TestReleaseNamesTheCandidateToWakeFirst checks the NOTIFY of a plain
 // release: with candidates enlisted, a handover's notice to the one of
-// the highest priority, enlisted last, never the holder itself or an entry
+// the highest priority, that has campaigned the longest, never the holder itself or an entry
 // that has run out, and without a reservation (anyone may take the
 // lease at once), sent on that candidate's channel alone; then, once
 // noticeDelay has passed, the plain release's notice on the store's
@@ -57,26 +65,29 @@ func TestReleaseNamesTheCandidateToWakeFirst(t *testing.T) {
 	heard := heardOn(t, b, s.opts.Channel)
 
 	l := mustGrant(t, s, "dibs", alice, time.Minute)
-	first, last := enlistForDibs(t, s, "dibs", &alice)
-	for candidateChannel(s.opts.Channel, first.Token) == candidateChannel(s.opts.Channel, last.Token) {
-		// Another channel for the one named, so that first's hears
-		// nothing; enlisted anew, it is still the one enlisted last.
-		last.Token = rand.Text()
-		if err := s.Enlist(callCtx(t), "dibs", last, time.Minute); err != nil {
+	named, other := enlistForDibs(t, s, "dibs", &alice)
+	for candidateChannel(s.opts.Channel, named.Token) == candidateChannel(s.opts.Channel, other.Token) {
+		// Another channel for the other, so that its hears nothing;
+		// enlisted anew, it still queues behind the one named.
+		if err := s.Withdraw(callCtx(t), "dibs", other.Token); err != nil {
+			t.Fatal(err)
+		}
+		other.Token = rand.Text()
+		if err := s.Enlist(callCtx(t), "dibs", other, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
-	heardLast := heardOn(t, b, candidateChannel(s.opts.Channel, last.Token))
-	heardFirst := heardOn(t, b, candidateChannel(s.opts.Channel, first.Token))
+	heardNamed := heardOn(t, b, candidateChannel(s.opts.Channel, named.Token))
+	heardOther := heardOn(t, b, candidateChannel(s.opts.Channel, other.Token))
 	heard(2 * time.Second) // alice's grant notice
 	mustRelease(t, s, "dibs", alice, l.Term)
 	if got := heard(200 * time.Millisecond); len(got) != 0 {
 		t.Fatalf("a plain release with candidates notified %q on the store's channel before noticeDelay; want nothing", got)
 	}
-	if got := heardFirst(100 * time.Millisecond); len(got) != 0 {
+	if got := heardOther(100 * time.Millisecond); len(got) != 0 {
 		t.Fatalf("a plain release notified %q on another candidate's channel; want nothing", got)
 	}
-	if got, want := heardLast(time.Second), dibsNotice("dibs", last); len(got) != 1 || got[0] != want {
+	if got, want := heardNamed(time.Second), dibsNotice("dibs", named); len(got) != 1 || got[0] != want {
 		t.Fatalf("a plain release with candidates notified %q on the named candidate's channel; want [%q]", got, want)
 	}
 	// Nobody took it: the plain release's notice, noticeDelay later.
@@ -90,7 +101,7 @@ func TestReleaseNamesTheCandidateToWakeFirst(t *testing.T) {
 	heard(2 * time.Second) // its grant notice
 	mustRelease(t, s, "dibs", alice, l.Term)
 	mustGrant(t, s, "dibs", candidate("bob"), time.Minute)
-	if got := heardLast(time.Second); len(got) != 1 {
+	if got := heardNamed(time.Second); len(got) != 1 {
 		t.Fatalf("the second release notified %q on the named candidate's channel; want one notice", got)
 	}
 	if got := heard(2 * time.Second); len(got) != 1 || got[0] != payloadGrant+"dibs" {
@@ -121,10 +132,10 @@ func TestReleaseNoticeOnALongChannel(t *testing.T) {
 	heard := heardOn(t, b, long)
 	alice := candidate("alice")
 	l := mustGrant(t, b.store, "dibs", alice, time.Minute)
-	_, last := enlistForDibs(t, b.store, "dibs", &alice)
+	named, _ := enlistForDibs(t, b.store, "dibs", &alice)
 	heard(time.Second) // alice's grant notice
 	mustRelease(t, b.store, "dibs", alice, l.Term)
-	if got, want := heard(time.Second), dibsNotice("dibs", last); len(got) != 1 || got[0] != want {
+	if got, want := heard(time.Second), dibsNotice("dibs", named); len(got) != 1 || got[0] != want {
 		t.Fatalf("a plain release on a long channel notified %q; want [%q] alone", got, want)
 	}
 }
@@ -209,14 +220,14 @@ func TestReleaseWakesTheNamedCandidateFirst(t *testing.T) {
 	f := setupOn(t, a.pool, Options{}) // the followers' process
 	alice := candidate("alice")
 	l := mustGrant(t, a.store, "dibs", alice, time.Minute)
-	first, last := enlistForDibs(t, a.store, "dibs", nil)
-	chLast, chFirst := watchFor(t, f.store, "dibs", last), watchFor(t, f.store, "dibs", first)
+	named, other := enlistForDibs(t, a.store, "dibs", nil)
+	chNamed, chOther := watchFor(t, f.store, "dibs", named), watchFor(t, f.store, "dibs", other)
 	waitListening(t, f)
 	time.Sleep(100 * time.Millisecond) // the wake-up sent once listening
-	drain(chLast)
-	drain(chFirst)
+	drain(chNamed)
+	drain(chOther)
 	mustRelease(t, a.store, "dibs", alice, l.Term)
-	wokenInOrder(t, chLast, chFirst)
+	wokenInOrder(t, chNamed, chOther)
 }
 
 // TestCloseSendsTheLaterReleaseNotice checks that Close, called right
@@ -241,5 +252,103 @@ func TestCloseSendsTheLaterReleaseNotice(t *testing.T) {
 	b.store.Close()
 	if got := heard(time.Second); len(got) != 1 || got[0] != "closing" {
 		t.Fatalf("after a release naming a candidate and Close, the store's channel heard %q; want [%q]", got, "closing")
+	}
+}
+
+// enlisted reports whether c's entry is among name's candidates on s.
+func enlisted(t *testing.T, s leader.Transferer, name string, c leader.Candidate) bool {
+	t.Helper()
+	cands, err := s.Candidates(callCtx(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range cands {
+		if e.Token == c.Token {
+			return true
+		}
+	}
+	return false
+}
+
+// TestReleaseDropsTheHolderFromTheCandidates checks, on both strategies,
+// that a release removes the holder's own entry among the candidates, so
+// that a leader that lets go and campaigns again queues behind those that
+// waited (see firstCandidate), and that a refused attempt enlists anew.
+func TestReleaseDropsTheHolderFromTheCandidates(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	lease := setupOn(t, pool, Options{}).store
+	for _, s := range []leader.Store{lease, setupAdvisory(t, pool, Options{})} {
+		ts := s.(leader.Transferer)
+		name := fmt.Sprintf("drop-%T", s)
+		alice, bob := candidate("alice"), candidate("bob")
+		l := mustGrant(t, s, name, alice, time.Minute)
+		for _, c := range []leader.Candidate{alice, bob} {
+			if err := ts.Enlist(callCtx(t), name, c, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mustRelease(t, s, name, alice, l.Term)
+		if enlisted(t, ts, name, alice) {
+			t.Errorf("%T: the holder's entry is still among the candidates after its release", s)
+		}
+		if !enlisted(t, ts, name, bob) {
+			t.Errorf("%T: a release removed another candidate's entry", s)
+		}
+	}
+}
+
+// TestAdvisoryReleaseWakesTheNamedCandidateFirst checks the wake-ups of a
+// plain release on the advisory strategy: the candidate it names (the
+// holder's own entry, of the highest priority, removed by the release) is
+// woken at once, by the notice on its candidate channel, although the
+// follower's store has a lock waiter on the holder's mark, which the
+// holder keeps for markAfter after it frees the lease's lock; the others
+// dibsHold later, nobody having taken the lease.
+func TestAdvisoryReleaseWakesTheNamedCandidateFirst(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	holders.markAfter = time.Second
+	followers := setupAdvisory(t, pool, Options{})
+	const name = "advisory-dibs"
+	alice := candidate("alice")
+	l := mustGrant(t, holders, name, alice, time.Minute)
+	named, other := enlistForDibs(t, holders, name, &alice)
+	chNamed, chOther := watchFor(t, followers, name, named), watchFor(t, followers, name, other)
+	key, pid := holders.Key(name), holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter waiting on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	// The followers' listener LISTENs on the named candidate's channel
+	// once a notice there wakes it.
+	electortest.Eventually(t, 10*time.Second, "the followers' store woken on the named candidate's channel", func() bool {
+		if _, err := pool.Exec(callCtx(t), "SELECT pg_notify($1, $2)",
+			candidateChannel(holders.opts.Channel, named.Token), dibsNotice(name, named)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-chNamed:
+			return true
+		case <-time.After(50 * time.Millisecond):
+			return false
+		}
+	})
+	time.Sleep(100 * time.Millisecond) // the other's deferred wake-up
+	drain(chNamed)
+	drain(chOther)
+	released := time.Now()
+	// Release returns once the mark is freed.
+	errc := make(chan error, 1)
+	go func() { errc <- holders.Release(callCtx(t), name, alice.Token, l.Term) }()
+	wokenInOrder(t, chNamed, chOther)
+	if d := time.Since(released); d > holders.markAfter/2 {
+		t.Fatalf("the candidates were woken %v after the release; want well before the mark is freed (%v)", d, holders.markAfter)
+	}
+	if r := requests(t, pool, key, pid); r.lockExclusive != 0 || r.markExclusive != 1 {
+		t.Fatalf("right after a plain release that named a candidate, the holder's backend holds the lease's lock %d times and its mark %d times; want 0 and 1", r.lockExclusive, r.markExclusive)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 }

@@ -58,9 +58,9 @@ type wakeups struct {
 	// the notice came.
 	prepared map[string]preparation
 	// candidateChannels says whether the listener also LISTENs on the
-	// candidate channels of its candidates (see candidateChannel): the
-	// lease store's, whose plain releases notify the candidate they wake
-	// first on its channel alone.
+	// candidate channels of its candidates (see candidateChannel): both
+	// PostgreSQL stores', whose plain releases notify the candidate they
+	// wake first on its channel alone.
 	candidateChannels bool
 	// wanted holds the candidate channels of the tokens that free-watchers
 	// have watched for (WatchFreeFor), which the listener LISTENs on; it
@@ -255,6 +255,15 @@ func (w *wakeups) Close() {
 // notified wakes the watchers of the notification payload (see
 // parsePayload), sent by the backend of PID pid.
 func (w *wakeups) notified(payload string, pid uint32) {
+	w.notifiedOn(payload, pid, false)
+}
+
+// notifiedOn is notified for a notification on the store's channel
+// (targeted false) or on one of its candidate channels (true): a
+// candidate channel's, from a plain release that names the candidate to
+// wake first, wakes it even where a lock waiter covers the holder's
+// releases (see coverage), whose mark that release frees later.
+func (w *wakeups) notifiedOn(payload string, pid uint32, targeted bool) {
 	n := parsePayload(payload)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -262,7 +271,7 @@ func (w *wakeups) notified(payload string, pid uint32) {
 		w.wakeAllLocked()
 		return
 	}
-	if c := w.covered[n.name]; c != nil && pid != 0 && n.ev != eventPrepare {
+	if c := w.covered[n.name]; c != nil && pid != 0 && n.ev != eventPrepare && !targeted {
 		granted := n.ev == eventGrant
 		switch {
 		case granted && pid == c.gone:
@@ -657,7 +666,7 @@ func (w *wakeups) listenOnce(ctx context.Context, conn *pgx.Conn, ready func()) 
 		cancel()
 		switch {
 		case err == nil:
-			w.notified(n.Payload, n.PID)
+			w.notifiedOn(n.Payload, n.PID, n.Channel != w.channel)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case poked && !conn.IsClosed():

@@ -102,8 +102,8 @@ type Options struct {
 	// bytes, "leader_" followed by 16 hex digits of its SHA-256. At most 63
 	// bytes. A Channel of 60 bytes at most also has candidate channels,
 	// Channel followed by "~" and two hexadecimal digits, on which the
-	// LeaseStore's plain releases wake the candidate they name first (see
-	// Wake-ups in the package documentation).
+	// plain releases of both stores wake the candidate they name first
+	// (see Wake-ups in the package documentation, and in AdvisoryStore's).
 	Channel string
 
 	// MessageChannel is the LISTEN/NOTIFY channel on which the Router

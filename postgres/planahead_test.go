@@ -109,7 +109,7 @@ func TestAdvisorySessionsPlanAhead(t *testing.T) {
 	}
 	defer closeConn(conn)
 	wantPlannedAhead(t, conn, map[string]string{"grantQuick": s.sql.grantQuick, "grant": s.sql.grant,
-		"grantLocked": s.sql.grantLocked, "release": s.sql.release, "unlock": s.sql.unlock})
+		"grantLocked": s.sql.grantLocked, "release": s.sql.release, "unlock": s.sql.unlock, "namedUnlock": namedUnlock})
 
 	waiter, err := s.connectWaiter(callCtx(t))
 	if err != nil {

@@ -485,10 +485,13 @@
 // A plain release wakes one candidate first: its notification names the
 // candidate of the highest priority among the name's candidates (as
 // Enlist and refused attempts record them) whose entry has not run out,
-// among equals the one
-// that enlisted last (a campaigning follower enlists again at each
-// attempt, so one that stopped without withdrawing falls behind within a
-// TTL), never the releasing holder. The notification goes to that
+// among equals the one that has campaigned the longest without a break
+// (an entry withdrawn, or run out, starts anew), as in a queue, never the
+// releasing holder, whose own entry the release removes (a leader that
+// lets go and campaigns again queues behind those that waited). A
+// candidate that has only just begun to campaign, a process just started,
+// is named last: its connections and listener are the least likely to be
+// ready. The notification goes to that
 // candidate's channel alone: Options.Channel, "~", and the first two
 // hexadecimal digits of the SHA-256 of its token, one of 256 candidate
 // channels, on which each store's listener also LISTENs for the
@@ -520,8 +523,8 @@
 // named one takes the lease: they learn of the new term at their next
 // attempt, at the expiry of the lease they last saw, as after a
 // handover to a chosen successor. A named candidate that does not take
-// the lease (it stopped, or sits out after its own tenure) costs the
-// handover 5 ms. A store of a version without candidate channels
+// the lease (it stopped without withdrawing) costs the handover 5 ms. A
+// store of a version without candidate channels
 // does not hear the notification naming a candidate, and learns of the
 // release from the later one, 5 ms on; one of a version with transfers'
 // handover notices takes a notification naming a candidate on

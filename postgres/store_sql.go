@@ -106,24 +106,47 @@ func candidateChannel(channel, token string) string {
 	return channel + "~" + hex.EncodeToString(sum[:1])
 }
 
-// candidateChannelSQL is the SQL expression of candidateChannel for the
-// channel $4 and the token column first_token, when targeted is true,
-// and of $4 otherwise.
-const candidateChannelSQL = `CASE WHEN targeted
-	THEN $4::text || '~' || left(encode(sha256(convert_to(first_token, 'UTF8')), 'hex'), 2) ELSE $4::text END`
+// candidateChannelSQL returns the SQL expression of candidateChannel for
+// the channel that the parameter channel ("$4") holds and the token column
+// first_token, when the column targeted is true, and of the channel
+// otherwise.
+func candidateChannelSQL(channel string) string {
+	return `CASE WHEN targeted
+	THEN ` + channel + `::text || '~' || left(encode(sha256(convert_to(first_token, 'UTF8')), 'hex'), 2) ELSE ` + channel + `::text END`
+}
 
 // firstCandidate returns the SQL query for the token of the candidate
 // that a plain release of the lease named by the expression name, held
-// by the token expression holder, wakes first (dibsPayload), as the
-// column first_token: the candidate of the highest priority among the
-// entries of table (the candidates' table) that have not run out, and
-// among equals the one enlisted last (a candidate that campaigns
-// re-enlists at each attempt, so one that stopped without withdrawing
-// falls behind within a TTL); no row if there is none.
+// by the token expression holder, wakes first (dibsPayload, and the
+// advisory strategy's lock waiters, see advisoryStatements.reserved), as
+// the column first_token: the candidate of the highest priority among
+// the entries of table (the candidates' table) that have not run out,
+// and among equals the one that has campaigned the longest (the column
+// since, see upsertCandidate), as in a queue; no row if there is none.
+// A campaign just begun (a process started, or an instance that ran again
+// after its tenure) is named last: its process, its connections and its
+// listener are the least likely to be ready, and one named that does not
+// take the lease at once costs the handover the others' wait. A release
+// removes the holder's own entry (see dropHolderCandidate), so that a
+// leader that let go queues behind the candidates that waited. Ties (the
+// entries of one statement) go by token, so that every reader names the
+// same.
 func firstCandidate(table, name, holder string) string {
 	return fmt.Sprintf(`SELECT c.token AS first_token FROM %s AS c
 	WHERE c.name = %s AND c.token <> %s AND c.expires_at > clock_timestamp()
-	ORDER BY c.priority DESC, c.expires_at DESC LIMIT 1`, table, name, holder)
+	ORDER BY c.priority DESC, c.since, c.token LIMIT 1`, table, name, holder)
+}
+
+// dropHolderCandidate returns the SQL of a CTE named dropped, for a release
+// statement that has the CTE "released" (its released row, if any): it
+// deletes the entry of the holder's token (the SQL expression holder)
+// among the candidates of the released name, in table (the candidates'
+// table). A leader that lets go and campaigns again enlists anew, behind
+// the candidates that waited (see firstCandidate).
+func dropHolderCandidate(table, holder string) string {
+	return fmt.Sprintf(`dropped AS (
+	DELETE FROM %s AS c USING released AS r WHERE c.name = r.name AND c.token = %s
+)`, table, holder)
 }
 
 func newStatements(opts Options) statements {
@@ -141,7 +164,7 @@ WITH released AS (
 	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
 		AND %[3]s > clock_timestamp()
 	RETURNING l.name, l.successor_token, l.reserved_until
-), notified AS (
+), %[8]s, notified AS (
 	SELECT %[2]s AS sent, targeted FROM (
 		SELECT r.name, r.successor_token, r.reserved_until, d.first_token, k.dibs,
 			k.dibs AND %[7]s AS targeted
@@ -150,7 +173,8 @@ WITH released AS (
 	) AS x
 )
 SELECT count(*), coalesce(bool_or(targeted), false) FROM notified`, table, notify, expiry(hb), clearedTransfer,
-			firstCandidate(opts.qualifiedCandidateTable(), "r.name", "$2"), dibsCondition, targeted)
+			firstCandidate(opts.qualifiedCandidateTable(), "r.name", "$2"), dibsCondition, targeted,
+			dropHolderCandidate(opts.qualifiedCandidateTable(), "$2"))
 	}
 	// The acquire statement: see the statements' comments below. $5, the
 	// channel, is not used but for its type: a grant's NOTIFY is sent
@@ -300,7 +324,7 @@ RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_
 		// sends the plain release's to $4 later, if the lease is still
 		// free. Returns 1 if released, and whether the notice went to a
 		// candidate channel.
-		release: release(`pg_notify(`+candidateChannelSQL+`, `+dibsPayload+`)`,
+		release: release(`pg_notify(`+candidateChannelSQL("$4")+`, `+dibsPayload+`)`,
 			fmt.Sprintf("octet_length($4::text) <= %d", maxCandidateChannel)),
 		releaseQuiet: release(`$4::text`, "false"),
 

@@ -130,11 +130,15 @@ const (
 // upsertCandidate returns the SQL statement that enlists the candidates
 // that query (an SQL query) selects, each as the columns name, token, id,
 // priority and expires_at of the candidates' table: an upsert, which
-// replaces the entry of a token enlisted already.
+// replaces the entry of a token enlisted already. A new entry campaigns
+// since the statement's start (the column since's default); an entry
+// enlisted again keeps its since, unless it had run out, which counts as
+// a break (see firstCandidate).
 func upsertCandidate(table, query string) string {
 	return fmt.Sprintf(`INSERT INTO %s AS c (name, token, id, priority, expires_at)
 	%s
-	ON CONFLICT (name, token) DO UPDATE SET (id, priority, expires_at) = (excluded.id, excluded.priority, excluded.expires_at)`, table, query)
+	ON CONFLICT (name, token) DO UPDATE SET (id, priority, expires_at, since) = (excluded.id, excluded.priority, excluded.expires_at,
+		CASE WHEN c.expires_at <= clock_timestamp() THEN excluded.since ELSE c.since END)`, table, query)
 }
 
 // claimedFor returns the SQL condition that the strategy table gives the
