@@ -64,7 +64,10 @@ func (r TransferRequest) Pending() bool { return r.Remaining > 0 }
 type Transferer interface {
 	// Enlist records that c campaigns for name, with c.Priority, until
 	// ttl has passed unless c enlists again; enlisting again replaces
-	// the entry of c.Token.
+	// the entry of c.Token. A store may also remove the holder's entry
+	// when it releases the lease (the PostgreSQL stores do, so that a
+	// leader that lets go queues behind the candidates that waited): a
+	// candidate that campaigns enlists again at its next attempt.
 	Enlist(ctx context.Context, name string, c Candidate, ttl time.Duration) error
 
 	// Withdraw removes the entry of token from name's candidates, if

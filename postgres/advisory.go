@@ -137,19 +137,22 @@ import (
 // in the lock's queue (at most 100 ms).
 //
 // A plain release wakes one candidate first, as the LeaseStore's does (see
-// Wake-ups there): the candidate of the highest priority that has
-// campaigned the longest, never the holder, whose entry the release
-// removes. In the same round trip, the holder's session clears the row,
+// Wake-ups there): the candidate of the highest priority, enlisted
+// lately, that has campaigned the longest, never the holder, whose entry
+// the release removes. In the same round trip, the holder's session clears the row,
 // frees the lock and sends the notification that names that candidate, on
 // its candidate channel alone (after the unlock, so that the candidate
 // never finds the lock still held), and frees its mark 5 ms later: the
 // named candidate's store wakes it at once, and the lock waiters of every
 // process wake as the mark is freed, when they find the lease taken and
-// wake nobody, or free and wake every follower. So a graceful handover
-// wakes one process, not every follower's, and Release returns 5 ms later
-// than it would otherwise. A named candidate that does not take the lease
-// costs the handover those 5 ms. With no candidate to name, or a Channel
-// too long to have candidate channels, the mark goes with the lock.
+// wake nobody, or free and wake every follower. So at a graceful handover
+// only the named candidate's process (and those whose candidates share its
+// channel) acts at once; every lock waiter still wakes 5 ms later, to wait
+// on the new holder's mark. Release returns 5 ms later than it would
+// otherwise. A named candidate that does not take the lease costs the
+// handover those 5 ms. With no candidate to name, or a Channel too long to
+// have candidate channels, the mark is freed right after the lock (in the
+// next statement of the same round trip), as before.
 //
 // # Handovers
 //
@@ -388,7 +391,7 @@ func (s *AdvisoryStore) connect(ctx context.Context) (*pgx.Conn, error) {
 	// The session's statements are planned before its first attempt,
 	// which a released lease's successor makes as the handover's clock
 	// runs (see planAhead); best effort.
-	if err := planAhead(ctx, conn, []string{s.sql.grantQuick, s.sql.grant, s.sql.grantLocked, s.sql.release, s.sql.unlock, namedUnlock}); err != nil {
+	if err := planAhead(ctx, conn, []string{s.sql.grantQuick, s.sql.grant, s.sql.grantLocked, s.sql.release, s.sql.unlock, s.sql.namedUnlock, s.sql.namedMark, s.sql.unlockRest}); err != nil {
 		if ctx.Err() != nil {
 			closeConn(conn)
 			return nil, err

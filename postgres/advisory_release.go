@@ -137,12 +137,14 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 	// advisoryStatements.release); if it did, the mark is freed markAfter
 	// later.
 	named := h == nil && len(s.opts.Channel) <= maxCandidateChannel
-	var release, unlock *pgconn.StatementDescription
-	errRelease, errUnlock := errors.ErrUnsupported, errors.ErrUnsupported
+	var release, unlock, mark, rest *pgconn.StatementDescription
+	errRelease, errUnlock, errMark, errRest := errors.ErrUnsupported, errors.ErrUnsupported, errors.ErrUnsupported, errors.ErrUnsupported
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		release, errRelease = conn.Prepare(ctx, s.sql.release, s.sql.release)
 		if named {
-			unlock, errUnlock = conn.Prepare(ctx, namedUnlock, namedUnlock)
+			unlock, errUnlock = conn.Prepare(ctx, s.sql.namedUnlock, s.sql.namedUnlock)
+			mark, errMark = conn.Prepare(ctx, s.sql.namedMark, s.sql.namedMark)
+			rest, errRest = conn.Prepare(ctx, s.sql.unlockRest, s.sql.unlockRest)
 		} else {
 			unlock, errUnlock = conn.Prepare(ctx, s.sql.unlock, s.sql.unlock)
 		}
@@ -180,16 +182,11 @@ SELECT (SELECT ok FROM lease), (SELECT count(*) FROM handover)`,
 		// waiters, which wait on the mark, wake only after its grant (and
 		// find the lease taken, see awaitMark), rather than beside it; at
 		// once if the release named nobody.
-		if errUnlock == nil {
-			p.SendQueryPrepared(unlock.Name, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil)
-		} else {
-			p.SendQueryParams(namedUnlock, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil, nil)
-		}
-		p.SendPipelineSync()
-		p.SendQueryParams(namedMark, [][]byte{[]byte(strconv.FormatFloat(s.markAfter.Seconds(), 'f', -1, 64))}, nil, nil, nil)
-		p.SendPipelineSync()
-		p.SendQueryParams(s.sql.unlockRest, nil, nil, nil, nil)
-		p.SendPipelineSync()
+		unlockArgs := [][]byte{strconv.AppendInt(nil, key, 10), []byte(name), strconv.AppendUint(nil, term, 10)}
+		markArgs := [][]byte{[]byte(strconv.FormatFloat(s.markAfter.Seconds(), 'f', -1, 64))}
+		sendPrepared(p, s.sql.namedUnlock, unlock, errUnlock, unlockArgs)
+		sendPrepared(p, s.sql.namedMark, mark, errMark, markArgs)
+		sendPrepared(p, s.sql.unlockRest, rest, errRest, nil)
 	case errUnlock == nil:
 		p.SendQueryPrepared(unlock.Name, [][]byte{strconv.AppendInt(nil, key, 10)}, nil, nil)
 		p.SendPipelineSync()
@@ -218,7 +215,10 @@ SELECT (SELECT ok FROM lease), (SELECT count(*) FROM handover)`,
 			// The session's own notice (see notifyLater) will find it
 			// closed: send it on the store's connections, best effort
 			// (it checks the row itself).
-			if _, err := s.pool.Exec(ctx, s.sql.releaseNotice, name, int64(term), s.opts.Channel); err != nil {
+			nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), listenCallTimeout)
+			_, err := s.pool.Exec(nctx, s.sql.releaseNotice, name, int64(term), s.opts.Channel)
+			cancel()
+			if err != nil {
 				s.log.Debug("the release's notice failed; followers without a lock waiter learn of it later",
 					slog.String("election", name), slog.Any("error", err))
 			}
@@ -230,6 +230,18 @@ SELECT (SELECT ok FROM lease), (SELECT count(*) FROM handover)`,
 		return false, false, errors.New("release: a statement returned no value")
 	}
 	return string(first[0]) == "1", string(second[0]) == "t", nil
+}
+
+// sendPrepared queues, on p, the statement sql with args, by the
+// description sd of its preparation if err (the preparation's) is nil, and
+// by its text otherwise, and a sync after it.
+func sendPrepared(p *pgconn.Pipeline, sql string, sd *pgconn.StatementDescription, err error, args [][]byte) {
+	if err == nil {
+		p.SendQueryPrepared(sd.Name, args, nil, nil)
+	} else {
+		p.SendQueryParams(sql, args, nil, nil, nil)
+	}
+	p.SendPipelineSync()
 }
 
 // pipelineRow reads the next statement's result and the sync after it

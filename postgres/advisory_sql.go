@@ -14,6 +14,8 @@ import (
 // at and above 2^32 included.
 type advisoryStatements struct {
 	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, announcedReleaseNotice, unlock, unlockRest, observe, waiter, reserved, heldHere, request string
+	// namedUnlock and namedMark: see namedUnlock and namedMark.
+	namedUnlock, namedMark string
 }
 
 // heldBy returns the SQL query for the backends holding the exclusive
@@ -51,23 +53,35 @@ const (
 	namedPayloadSetting = "leader.release_payload"
 )
 
-// namedUnlock is the second statement of a plain release that may name a
-// candidate to wake first (see releaseOn): $1 the lease's key. It frees
+// namedUnlock returns the second statement of a plain release that may
+// name a candidate to wake first (see releaseOn), on the advisory table
+// table: $1 the lease's key, $2 the name, $3 the term released. It frees
 // the lease's lock, and then sends the notice that the release statement
-// left in the session's settings, if any: on its commit, after the lock is
-// free. It returns whether it unlocked, and how many notices it sent.
-const namedUnlock = `WITH unlocked AS MATERIALIZED (
+// left in the session's settings, if any, if the lock was freed and the
+// row is free under the term (so that settings left by an earlier
+// release, when this one's statement failed, send nothing): on its
+// commit, after the lock is free. It returns whether it unlocked, and how
+// many notices it sent.
+func namedUnlock(table string) string {
+	return `WITH unlocked AS MATERIALIZED (
 	SELECT pg_advisory_unlock($1::bigint) AS ok
 ), notified AS (
 	SELECT pg_notify(current_setting('` + namedChannelSetting + `'), current_setting('` + namedPayloadSetting + `'))
-	FROM unlocked WHERE coalesce(current_setting('` + namedChannelSetting + `', true), '') <> ''
+	FROM unlocked AS u
+	WHERE u.ok AND coalesce(current_setting('` + namedChannelSetting + `', true), '') <> ''
+		AND EXISTS (SELECT FROM ` + table + ` AS a WHERE a.name = $2 AND a.term = $3 AND a.holder_token IS NULL)
 )
 SELECT (SELECT ok FROM unlocked), (SELECT count(*) FROM notified)`
+}
 
 // namedMark is the third statement of a plain release that may name a
 // candidate (see releaseOn): $1 how long, in seconds, to wait before the
 // statement after it frees the holder's mark, if the release named one.
-const namedMark = `SELECT pg_sleep(CASE WHEN coalesce(current_setting('` + namedChannelSetting + `', true), '') <> '' THEN $1::float8 ELSE 0 END)`
+// It then clears the settings that the release statement left.
+const namedMark = `WITH waited AS MATERIALIZED (
+	SELECT pg_sleep(CASE WHEN coalesce(current_setting('` + namedChannelSetting + `', true), '') <> '' THEN $1::float8 ELSE 0 END)
+)
+SELECT set_config('` + namedChannelSetting + `', '', false), set_config('` + namedPayloadSetting + `', '', false) FROM waited`
 
 // markedBy returns the SQL query for the backend whose PID is pid (an SQL
 // expression) if it holds its mark, in this database.
@@ -468,6 +482,9 @@ WITH cleared AS MATERIALIZED (
 	SELECT ` + followerSettings + ` FROM cleared
 )
 SELECT true, (SELECT count(*) FROM disarmed)`,
+
+		namedUnlock: namedUnlock(table),
+		namedMark:   namedMark,
 
 		// Observe: $1 name, $2 and $3 the key's halves.
 		observe: observeRow(table, "$1", "$2", "$3"),

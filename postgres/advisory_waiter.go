@@ -317,6 +317,9 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 func (s *AdvisoryStore) wakeFor(name string, h *handoff, taken bool) {
 	switch {
 	case taken:
+		// Nor later: a plain release's notice that named a candidate
+		// (see AdvisoryStore.Release) deferred the others' wake-up.
+		s.wakeups.taken(name)
 	case h != nil:
 		s.handover(name, h.token, time.Until(h.until))
 	default:

@@ -2,10 +2,13 @@ package postgres
 
 import (
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/internal/electortest"
@@ -16,12 +19,25 @@ import (
 // release must name the one returned first (named): one of a lower
 // priority, an entry that has run out with the highest priority, the
 // holder's own entry (if holder is not nil) with a higher priority
-// still, and three of priority 1: "lapsed", enlisted first but run out
-// and enlisted again after named (a break: it queues anew); named; and
+// still, and four of priority 1: "stale", which has campaigned the
+// longest but was last enlisted over half its entry's life ago (killed,
+// or no longer attempting); "lapsed", enlisted before named but run out
+// and enlisted again after it (a break: it queues anew); named; and
 // other, enlisted after named and again last, which a rule of the
 // candidate enlisted last would name.
 func enlistForDibs(t *testing.T, s leader.Transferer, name string, holder *leader.Candidate) (named, other leader.Candidate) {
 	t.Helper()
+	stale := candidate("stale")
+	stale.Priority = 1
+	if err := s.Enlist(callCtx(t), name, stale, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	pool, opts := storePool(s)
+	if _, err := pool.Exec(callCtx(t), "UPDATE "+opts.qualifiedCandidateTable()+
+		" SET since = since - interval '3 hours', refreshed_at = refreshed_at - interval '2 hours' WHERE name = $1 AND token = $2",
+		name, stale.Token); err != nil {
+		t.Fatal(err)
+	}
 	enlist := func(c leader.Candidate, prio int, ttl time.Duration) leader.Candidate {
 		c.Priority = prio
 		if err := s.Enlist(callCtx(t), name, c, ttl); err != nil {
@@ -255,6 +271,17 @@ func TestCloseSendsTheLaterReleaseNotice(t *testing.T) {
 	}
 }
 
+// storePool returns the pool and options of s, a store of this package.
+func storePool(s leader.Transferer) (*pgxpool.Pool, Options) {
+	switch s := s.(type) {
+	case *LeaseStore:
+		return s.pool, s.opts
+	case *AdvisoryStore:
+		return s.pool, s.opts
+	}
+	panic(fmt.Sprintf("storePool: %T", s))
+}
+
 // enlisted reports whether c's entry is among name's candidates on s.
 func enlisted(t *testing.T, s leader.Transferer, name string, c leader.Candidate) bool {
 	t.Helper()
@@ -273,7 +300,7 @@ func enlisted(t *testing.T, s leader.Transferer, name string, c leader.Candidate
 // TestReleaseDropsTheHolderFromTheCandidates checks, on both strategies,
 // that a release removes the holder's own entry among the candidates, so
 // that a leader that lets go and campaigns again queues behind those that
-// waited (see firstCandidate), and that a refused attempt enlists anew.
+// waited (see firstCandidate), and leaves the others' entries.
 func TestReleaseDropsTheHolderFromTheCandidates(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
@@ -299,9 +326,8 @@ func TestReleaseDropsTheHolderFromTheCandidates(t *testing.T) {
 }
 
 // TestAdvisoryReleaseWakesTheNamedCandidateFirst checks the wake-ups of a
-// plain release on the advisory strategy: the candidate it names (the
-// holder's own entry, of the highest priority, removed by the release) is
-// woken at once, by the notice on its candidate channel, although the
+// plain release on the advisory strategy: the candidate it names (see
+// enlistForDibs) is woken at once, by the notice on its candidate channel, although the
 // follower's store has a lock waiter on the holder's mark, which the
 // holder keeps for markAfter after it frees the lease's lock; the others
 // dibsHold later, nobody having taken the lease.
@@ -350,5 +376,26 @@ func TestAdvisoryReleaseWakesTheNamedCandidateFirst(t *testing.T) {
 	}
 	if err := <-errc; err != nil {
 		t.Fatalf("Release: %v", err)
+	}
+}
+
+// TestOlderSchemaIsPermanent checks that a store on tables of an older
+// version (here, a candidates' table without migration 010's columns)
+// fails its calls with leader.ErrPermanent and the advice to migrate,
+// rather than an error the Elector would retry forever.
+func TestOlderSchemaIsPermanent(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	opts := Options{Schema: "older_schema"}
+	if _, err := pool.Exec(callCtx(t), "CREATE SCHEMA IF NOT EXISTS older_schema"); err != nil {
+		t.Fatal(err)
+	}
+	s := setupOn(t, pool, opts).store
+	if _, err := pool.Exec(callCtx(t), "ALTER TABLE "+s.opts.qualifiedCandidateTable()+" DROP COLUMN since, DROP COLUMN refreshed_at"); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Enlist(callCtx(t), "older", candidate("bob"), time.Minute)
+	if !errors.Is(err, leader.ErrPermanent) || !strings.Contains(err.Error(), "leader migrate") {
+		t.Fatalf("Enlist on a candidates' table without since: %v; want leader.ErrPermanent advising a migration", err)
 	}
 }

@@ -80,6 +80,8 @@ func isReadOnly(err error) bool { return sqlState(err) == "25006" }
 //   - 3D000 (invalid_catalog_name): create the database, or fix its name;
 //   - 42P01 (undefined_table) and 3F000 (invalid_schema_name): run
 //     "leader migrate" or postgres.Migrate;
+//   - 42703 (undefined_column): the tables are of an older version (a
+//     newer client before its migration): run it likewise;
 //   - 42501 (insufficient_privilege): the GRANT to run, for the object
 //     the server named (see Privileges in the package documentation).
 func permanentHint(err error) string {
@@ -94,6 +96,8 @@ func permanentHint(err error) string {
 		return "the database does not exist: create it, or fix the database name in the connection string"
 	case "42P01", "3F000":
 		return "the store's tables do not exist: run `leader migrate` or postgres.Migrate (with the same Options) first"
+	case "42703":
+		return "a column the store uses does not exist: the store's tables are of an older version; run `leader migrate` or postgres.Migrate (with the same Options)"
 	case "42501":
 		return "the role lacks a privilege: " + grantHint(pgErr.Message)
 	}

@@ -459,6 +459,18 @@ func (w *wakeups) wakeNameLocked(n notice) {
 	}
 }
 
+// taken tells the wake-ups that name's lease was found taken by a new
+// holder (see AdvisoryStore.wakeFor): a deferred wake-up of its
+// free-watchers (see deferLocked) would only have them try in vain.
+func (w *wakeups) taken(name string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if t := w.deferred[name]; t != nil {
+		t.Stop()
+		delete(w.deferred, name)
+	}
+}
+
 // deferLocked wakes the free-watchers of name once d has passed (a
 // little more, for the rounding of the reservation and the rate of the
 // clocks), unless a grant or a release of name comes first.

@@ -29,6 +29,7 @@ func TestPermanentHints(t *testing.T) {
 		{"3D000", `database "nope" does not exist`, []string{"database does not exist", "create it"}},
 		{"42P01", `relation "public.leader_leases" does not exist`, []string{"leader migrate", "postgres.Migrate"}},
 		{"3F000", `schema "elections" does not exist`, []string{"leader migrate"}},
+		{"42703", `column c.since does not exist`, []string{"older version", "leader migrate"}},
 		{"42501", "permission denied for table leader_heartbeats", []string{"GRANT SELECT, INSERT, UPDATE ON leader_heartbeats", "DELETE", "Privileges"}},
 		{"42501", "permission denied for table leader_leases_candidates", []string{"GRANT SELECT, INSERT, UPDATE ON leader_leases_candidates", "DELETE", "candidates'"}},
 		{"42501", "permission denied for schema elections", []string{"GRANT USAGE ON SCHEMA elections"}},

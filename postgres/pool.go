@@ -118,8 +118,11 @@ func planAhead(ctx context.Context, conn *pgx.Conn, warm []string) error {
 		if err != nil {
 			return err
 		}
-		nulls := strings.Repeat("NULL, ", len(sd.ParamOIDs))
-		fmt.Fprintf(&explain, "EXPLAIN (COSTS OFF) EXECUTE %s(%s);\n", pgx.Identifier{sd.Name}.Sanitize(), strings.TrimSuffix(nulls, ", "))
+		args := "" // EXECUTE takes no parentheses without parameters
+		if len(sd.ParamOIDs) > 0 {
+			args = "(" + strings.TrimSuffix(strings.Repeat("NULL, ", len(sd.ParamOIDs)), ", ") + ")"
+		}
+		fmt.Fprintf(&explain, "EXPLAIN (COSTS OFF) EXECUTE %s%s;\n", pgx.Identifier{sd.Name}.Sanitize(), args)
 	}
 	_, err = conn.Exec(ctx, explain.String(), pgx.QueryExecModeSimpleProtocol)
 	return err

@@ -485,8 +485,11 @@
 // A plain release wakes one candidate first: its notification names the
 // candidate of the highest priority among the name's candidates (as
 // Enlist and refused attempts record them) whose entry has not run out,
-// among equals the one that has campaigned the longest without a break
-// (an entry withdrawn, or run out, starts anew), as in a queue, never the
+// those enlisted again within the last half of their entry's life (1.5
+// TTLs for an Elector's, so that a killed candidate drops behind the live
+// ones within 1.5 TTLs) before the others, and among equals the one that
+// has campaigned the longest without a break (an entry withdrawn, or run
+// out, starts anew), as in a queue, never the
 // releasing holder, whose own entry the release removes (a leader that
 // lets go and campaigns again queues behind those that waited). A
 // candidate that has only just begun to campaign, a process just started,

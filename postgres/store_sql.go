@@ -117,24 +117,26 @@ func candidateChannelSQL(channel string) string {
 
 // firstCandidate returns the SQL query for the token of the candidate
 // that a plain release of the lease named by the expression name, held
-// by the token expression holder, wakes first (dibsPayload, and the
-// advisory strategy's lock waiters, see advisoryStatements.reserved), as
-// the column first_token: the candidate of the highest priority among
-// the entries of table (the candidates' table) that have not run out,
-// and among equals the one that has campaigned the longest (the column
-// since, see upsertCandidate), as in a queue; no row if there is none.
-// A campaign just begun (a process started, or an instance that ran again
-// after its tenure) is named last: its process, its connections and its
-// listener are the least likely to be ready, and one named that does not
-// take the lease at once costs the handover the others' wait. A release
-// removes the holder's own entry (see dropHolderCandidate), so that a
-// leader that let go queues behind the candidates that waited. Ties (the
-// entries of one statement) go by token, so that every reader names the
-// same.
+// by the token expression holder, wakes first (dibsPayload), as the column
+// first_token: among the entries of table (the candidates' table) that
+// have not run out, those of the highest priority; of these, the fresh
+// ones (enlisted again within the last half of their entry's life: 1.5
+// TTLs for an Elector's, which enlists at each attempt, at least once a
+// TTL) before the others (a candidate killed, or one that no longer
+// attempts); and among equals the one that has campaigned the longest
+// (the column since, see upsertCandidate), as in a queue. No row if there
+// is none. A campaign just begun (a process started, or an instance that
+// ran again after its tenure) is named last: its process, its connections
+// and its listener are the least likely to be ready, and one named that
+// does not take the lease at once costs the handover the others' wait. A
+// release removes the holder's own entry (see dropHolderCandidate), so
+// that a leader that let go queues behind the candidates that waited. Ties
+// (the entries of one statement) go by token.
 func firstCandidate(table, name, holder string) string {
 	return fmt.Sprintf(`SELECT c.token AS first_token FROM %s AS c
 	WHERE c.name = %s AND c.token <> %s AND c.expires_at > clock_timestamp()
-	ORDER BY c.priority DESC, c.since, c.token LIMIT 1`, table, name, holder)
+	ORDER BY c.priority DESC, clock_timestamp() - c.refreshed_at < (c.expires_at - c.refreshed_at) / 2 DESC, c.since, c.token
+	LIMIT 1`, table, name, holder)
 }
 
 // dropHolderCandidate returns the SQL of a CTE named dropped, for a release

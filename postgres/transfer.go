@@ -131,14 +131,15 @@ const (
 // that query (an SQL query) selects, each as the columns name, token, id,
 // priority and expires_at of the candidates' table: an upsert, which
 // replaces the entry of a token enlisted already. A new entry campaigns
-// since the statement's start (the column since's default); an entry
-// enlisted again keeps its since, unless it had run out, which counts as
-// a break (see firstCandidate).
+// since the statement's start (the columns since and refreshed_at
+// default to it); an entry enlisted again is refreshed then, and keeps its
+// since, unless it had run out, which counts as a break (see
+// firstCandidate).
 func upsertCandidate(table, query string) string {
 	return fmt.Sprintf(`INSERT INTO %s AS c (name, token, id, priority, expires_at)
 	%s
-	ON CONFLICT (name, token) DO UPDATE SET (id, priority, expires_at, since) = (excluded.id, excluded.priority, excluded.expires_at,
-		CASE WHEN c.expires_at <= clock_timestamp() THEN excluded.since ELSE c.since END)`, table, query)
+	ON CONFLICT (name, token) DO UPDATE SET (id, priority, expires_at, refreshed_at, since) = (excluded.id, excluded.priority, excluded.expires_at,
+		excluded.refreshed_at, CASE WHEN c.expires_at <= clock_timestamp() THEN excluded.since ELSE c.since END)`, table, query)
 }
 
 // claimedFor returns the SQL condition that the strategy table gives the
