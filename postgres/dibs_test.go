@@ -19,12 +19,14 @@ import (
 // release must name the one returned first (named): one of a lower
 // priority, an entry that has run out with the highest priority, the
 // holder's own entry (if holder is not nil) with a higher priority
-// still, and four of priority 1: "stale", which has campaigned the
+// still, and five of priority 1: "stale", which has campaigned the
 // longest but was last enlisted over half its entry's life ago (killed,
 // or no longer attempting); "lapsed", enlisted before named but run out
-// and enlisted again after it (a break: it queues anew); named; and
-// other, enlisted after named and again last, which a rule of the
-// candidate enlisted last would name.
+// and enlisted again after it (a break: it queues anew); "sharer",
+// enlisted before named but without an attempt of its own lately (an
+// advisory candidate without a session); named; and other, enlisted after
+// named and again last, which a rule of the candidate enlisted last would
+// name.
 func enlistForDibs(t *testing.T, s leader.Transferer, name string, holder *leader.Candidate) (named, other leader.Candidate) {
 	t.Helper()
 	stale := candidate("stale")
@@ -51,11 +53,18 @@ func enlistForDibs(t *testing.T, s leader.Transferer, name string, holder *leade
 	if holder != nil {
 		enlist(*holder, 9, time.Minute)
 	}
+	sharer := enlist(candidate("sharer"), 1, time.Minute)
 	named = enlist(candidate("named"), 1, time.Minute)
 	time.Sleep(2 * time.Millisecond) // so that "gone" and "lapsed" have run out
 	enlist(lapsed, 1, time.Minute)
 	other = enlist(candidate("other"), 1, time.Minute)
 	enlist(other, 1, time.Minute)
+	// All but "sharer" attempted on their own lately (Enlist records no
+	// such attempt; an Acquire refused does).
+	if _, err := pool.Exec(callCtx(t), "UPDATE "+opts.qualifiedCandidateTable()+
+		" SET session_at = clock_timestamp() WHERE name = $1 AND token <> $2", name, sharer.Token); err != nil {
+		t.Fatal(err)
+	}
 	return named, other
 }
 
@@ -397,5 +406,39 @@ func TestOlderSchemaIsPermanent(t *testing.T) {
 	err := s.Enlist(callCtx(t), "older", candidate("bob"), time.Minute)
 	if !errors.Is(err, leader.ErrPermanent) || !strings.Contains(err.Error(), "leader migrate") {
 		t.Fatalf("Enlist on a candidates' table without since: %v; want leader.ErrPermanent advising a migration", err)
+	}
+}
+
+// TestOwnAttemptsRecordASession checks, on both strategies, that a
+// candidate's refused attempt records that it attempted on its own
+// (session_at, see firstCandidate), and that Enlist does not.
+func TestOwnAttemptsRecordASession(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	for _, s := range []leader.Store{setupOn(t, pool, Options{}).store, setupAdvisory(t, pool, Options{})} {
+		ts := s.(leader.Transferer)
+		_, opts := storePool(ts)
+		name := fmt.Sprintf("session-%T", s)
+		alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
+		mustGrant(t, s, name, alice, time.Minute)
+		if _, granted := mustAcquire(t, s, name, bob, time.Minute); granted {
+			t.Fatalf("%T: bob was granted a held lease", s)
+		}
+		if err := ts.Enlist(callCtx(t), name, carol, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			who  leader.Candidate
+			want bool
+		}{{bob, true}, {carol, false}} {
+			var recorded bool
+			if err := pool.QueryRow(callCtx(t), "SELECT session_at IS NOT NULL FROM "+opts.qualifiedCandidateTable()+
+				" WHERE name = $1 AND token = $2", name, c.who.Token).Scan(&recorded); err != nil {
+				t.Fatalf("%T: %s's entry: %v", s, c.who.ID, err)
+			}
+			if recorded != c.want {
+				t.Errorf("%T: %s's entry records an attempt of its own: %v; want %v", s, c.who.ID, recorded, c.want)
+			}
+		}
 	}
 }

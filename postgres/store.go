@@ -487,7 +487,10 @@
 // Enlist and refused attempts record them) whose entry has not run out,
 // those enlisted again within the last half of their entry's life (1.5
 // TTLs for an Elector's, so that a killed candidate drops behind the live
-// ones within 1.5 TTLs) before the others, and among equals the one that
+// ones within 1.5 TTLs) before the others, then those that made an
+// attempt of their own in the last 90 s (an AdvisoryStore's candidate that
+// only shared others' attempts has no session of its own, and would open
+// one first) before the others, and among equals the one that
 // has campaigned the longest without a break (an entry withdrawn, or run
 // out, starts anew), as in a queue, never the
 // releasing holder, whose own entry the release removes (a leader that

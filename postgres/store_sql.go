@@ -123,9 +123,13 @@ func candidateChannelSQL(channel string) string {
 // ones (enlisted again within the last half of their entry's life: 1.5
 // TTLs for an Elector's, which enlists at each attempt, at least once a
 // TTL) before the others (a candidate killed, or one that no longer
-// attempts); and among equals the one that has campaigned the longest
-// (the column since, see upsertCandidate), as in a queue. No row if there
-// is none. A campaign just begun (a process started, or an instance that
+// attempts); of these, those that made an attempt of their own within
+// the last 3/4 of sessionIdle (the column session_at, see upsertCandidate)
+// first: an advisory candidate keeps its session that long after its last
+// use, and one that only shared others' attempts (see
+// AdvisoryStore.flight) has none, so it would open one before its attempt;
+// and among equals the one that has campaigned the longest (the column
+// since), as in a queue. No row if there is none. A campaign just begun (a process started, or an instance that
 // ran again after its tenure) is named last: its process, its connections
 // and its listener are the least likely to be ready, and one named that
 // does not take the lease at once costs the handover the others' wait. A
@@ -135,8 +139,9 @@ func candidateChannelSQL(channel string) string {
 func firstCandidate(table, name, holder string) string {
 	return fmt.Sprintf(`SELECT c.token AS first_token FROM %s AS c
 	WHERE c.name = %s AND c.token <> %s AND c.expires_at > clock_timestamp()
-	ORDER BY c.priority DESC, clock_timestamp() - c.refreshed_at < (c.expires_at - c.refreshed_at) / 2 DESC, c.since, c.token
-	LIMIT 1`, table, name, holder)
+	ORDER BY c.priority DESC, clock_timestamp() - c.refreshed_at < (c.expires_at - c.refreshed_at) / 2 DESC,
+		coalesce(c.session_at > clock_timestamp() - %d * interval '1 second', false) DESC, c.since, c.token
+	LIMIT 1`, table, name, holder, int(sessionIdle/time.Second)*3/4)
 }
 
 // dropHolderCandidate returns the SQL of a CTE named dropped, for a release

@@ -135,11 +135,17 @@ const (
 // default to it); an entry enlisted again is refreshed then, and keeps its
 // since, unless it had run out, which counts as a break (see
 // firstCandidate).
+//
+// The query's sixth column is the entry's session_at: the server's now if
+// the candidate enlists through an attempt of its own (on its own session,
+// for the advisory strategy), NULL otherwise (Enlist, and the advisory
+// candidates that shared another's attempt), which keeps the last one.
 func upsertCandidate(table, query string) string {
-	return fmt.Sprintf(`INSERT INTO %s AS c (name, token, id, priority, expires_at)
+	return fmt.Sprintf(`INSERT INTO %s AS c (name, token, id, priority, expires_at, session_at)
 	%s
-	ON CONFLICT (name, token) DO UPDATE SET (id, priority, expires_at, refreshed_at, since) = (excluded.id, excluded.priority, excluded.expires_at,
-		excluded.refreshed_at, CASE WHEN c.expires_at <= clock_timestamp() THEN excluded.since ELSE c.since END)`, table, query)
+	ON CONFLICT (name, token) DO UPDATE SET (id, priority, expires_at, refreshed_at, since, session_at) = (excluded.id, excluded.priority, excluded.expires_at,
+		excluded.refreshed_at, CASE WHEN c.expires_at <= clock_timestamp() THEN excluded.since ELSE c.since END,
+		coalesce(excluded.session_at, c.session_at))`, table, query)
 }
 
 // claimedFor returns the SQL condition that the strategy table gives the
@@ -179,7 +185,7 @@ func enlistCTEs(table, allowed, ttl string, cand [4]string) string {
 	SELECT %[3]s WHERE NOT EXISTS (SELECT FROM granted) AND %[2]s
 ), enlisted AS (
 	%[1]s
-)`, upsertCandidate(table, fmt.Sprintf(`SELECT %s, %s, %s, %s, clock_timestamp() + %s * %d FROM enlisting`,
+)`, upsertCandidate(table, fmt.Sprintf(`SELECT %s, %s, %s, %s, clock_timestamp() + %s * %d, clock_timestamp() FROM enlisting`,
 		cand[0], cand[1], cand[2], cand[3], ttl, leader.EnlistFactor)), allowed, lazyCommit)
 }
 
@@ -211,7 +217,7 @@ type candidateStatements struct {
 func newCandidateStatements(opts Options) candidateStatements {
 	t, st := opts.qualifiedCandidateTable(), opts.qualifiedStrategyTable()
 	return candidateStatements{
-		enlist: "\n" + upsertCandidate(t, `SELECT $1, $2, $3, $4, clock_timestamp() + $5::interval
+		enlist: "\n" + upsertCandidate(t, `SELECT $1, $2, $3, $4, clock_timestamp() + $5::interval, NULL::timestamptz
 	WHERE NOT EXISTS (SELECT FROM `+st+` AS s WHERE s.name = $1 AND s.strategy <> $6)`) + `
 RETURNING true`,
 		enlistShared: fmt.Sprintf(`
@@ -220,7 +226,7 @@ WITH enlisting AS (
 	WHERE %[1]s
 )
 %[3]s`, claimedFor(st, "$1", "$6"), lazyCommit, upsertCandidate(t, fmt.Sprintf(
-			`SELECT $1, j.token, j.id, j.priority, clock_timestamp() + j.ttl_us * %d * interval '1 microsecond' FROM enlisting AS j`,
+			`SELECT $1, j.token, j.id, j.priority, clock_timestamp() + j.ttl_us * %d * interval '1 microsecond', NULL::timestamptz FROM enlisting AS j`,
 			leader.EnlistFactor))),
 		withdraw: fmt.Sprintf(`
 DELETE FROM %[1]s AS c WHERE c.name = $1 AND (c.token = $2 OR c.expires_at <= clock_timestamp())`, t),
