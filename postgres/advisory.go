@@ -243,8 +243,9 @@ var (
 // Timing of the advisory store.
 const (
 	// sessionIdle is how long a candidate's session that holds nothing is
-	// kept open after its last use. A follower uses it at least once per
-	// TTL, so only sessions of stopped Electors are closed.
+	// kept open after its last use. A follower that shares the attempts
+	// of others of its process (see flight) does not use its own, which is
+	// then closed.
 	sessionIdle = 2 * time.Minute
 	// waiterPoll bounds how long a lock waiter trusts that a free lock is
 	// still free without a notification saying it was granted.

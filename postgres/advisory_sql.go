@@ -247,7 +247,7 @@ func newAdvisoryStatements(opts Options) advisoryStatements {
 	// of a release (or handover) of the row's name.
 	fill := strings.NewReplacer("{t}", table, "{s}", strategies, "{ep}", epochCTEs(opts.qualifiedEpochTable(), "$5::interval"),
 		"{enlist}", enlistCTEs(opts.qualifiedCandidateTable(), claimedFor(strategies, "$1", "'advisory'"), "$5::interval",
-			[4]string{"$1", "$3", "$4", "$11"}),
+			[4]string{"$1", "$3", "$4", "$11"}, true),
 		"{grant}", grantPayload, "{freed}", freedPayload,
 		"{dropped}", dropHolderCandidate(opts.qualifiedCandidateTable(), "$2"),
 		"{first}", firstCandidate(opts.qualifiedCandidateTable(), "r.name", "$2"),

@@ -409,9 +409,10 @@ func TestOlderSchemaIsPermanent(t *testing.T) {
 	}
 }
 
-// TestOwnAttemptsRecordASession checks, on both strategies, that a
-// candidate's refused attempt records that it attempted on its own
-// (session_at, see firstCandidate), and that Enlist does not.
+// TestOwnAttemptsRecordASession checks that an advisory candidate's
+// refused attempt on its own session records it (session_at, see
+// firstCandidate), which Enlist then keeps, that Enlist records none, and
+// that the lease strategy, which has no sessions, records none.
 func TestOwnAttemptsRecordASession(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
@@ -427,10 +428,15 @@ func TestOwnAttemptsRecordASession(t *testing.T) {
 		if err := ts.Enlist(callCtx(t), name, carol, time.Minute); err != nil {
 			t.Fatal(err)
 		}
+		// Enlisting again by Enlist keeps bob's.
+		if err := ts.Enlist(callCtx(t), name, bob, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		_, advisory := s.(*AdvisoryStore)
 		for _, c := range []struct {
 			who  leader.Candidate
 			want bool
-		}{{bob, true}, {carol, false}} {
+		}{{bob, advisory}, {carol, false}} {
 			var recorded bool
 			if err := pool.QueryRow(callCtx(t), "SELECT session_at IS NOT NULL FROM "+opts.qualifiedCandidateTable()+
 				" WHERE name = $1 AND token = $2", name, c.who.Token).Scan(&recorded); err != nil {

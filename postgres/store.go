@@ -487,8 +487,8 @@
 // Enlist and refused attempts record them) whose entry has not run out,
 // those enlisted again within the last half of their entry's life (1.5
 // TTLs for an Elector's, so that a killed candidate drops behind the live
-// ones within 1.5 TTLs) before the others, then those that made an
-// attempt of their own in the last 90 s (an AdvisoryStore's candidate that
+// ones within 1.5 TTLs) before the others, then (AdvisoryStore) those
+// that made an attempt on their own session in the last 90 s (one that
 // only shared others' attempts has no session of its own, and would open
 // one first) before the others, and among equals the one that
 // has campaigned the longest without a break (an entry withdrawn, or run

@@ -123,15 +123,18 @@ func candidateChannelSQL(channel string) string {
 // ones (enlisted again within the last half of their entry's life: 1.5
 // TTLs for an Elector's, which enlists at each attempt, at least once a
 // TTL) before the others (a candidate killed, or one that no longer
-// attempts); of these, those that made an attempt of their own within
-// the last 3/4 of sessionIdle (the column session_at, see upsertCandidate)
-// first: an advisory candidate keeps its session that long after its last
-// use, and one that only shared others' attempts (see
+// attempts); of these, the advisory candidates that made an attempt on
+// their own session within the last 3/4 of sessionIdle (the column
+// session_at, see upsertCandidate; NULL for the lease strategy's) first:
+// an advisory candidate keeps its session at least sessionIdle after its
+// last use, and one that only shared others' attempts (see
 // AdvisoryStore.flight) has none, so it would open one before its attempt;
 // and among equals the one that has campaigned the longest (the column
-// since), as in a queue. No row if there is none. A campaign just begun (a process started, or an instance that
-// ran again after its tenure) is named last: its process, its connections
-// and its listener are the least likely to be ready, and one named that
+// since), as in a queue. No row if there is none. A campaign just begun
+// (a process started, or an instance that ran again after its tenure) is
+// named after those of the same rank that waited (an advisory candidate
+// with a session still comes before one without): its process, its
+// connections and its listener are the least likely to be ready, and one named that
 // does not take the lease at once costs the handover the others' wait. A
 // release removes the holder's own entry (see dropHolderCandidate), so
 // that a leader that let go queues behind the candidates that waited. Ties
@@ -242,7 +245,7 @@ FROM reserved AS r`,
 		transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
 		grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
 		reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
-		enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}))
+		enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}, false))
 	return statements{
 		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel,
 		// $6 priority.

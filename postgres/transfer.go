@@ -129,7 +129,7 @@ const (
 
 // upsertCandidate returns the SQL statement that enlists the candidates
 // that query (an SQL query) selects, each as the columns name, token, id,
-// priority and expires_at of the candidates' table: an upsert, which
+// priority, expires_at and session_at of the candidates' table: an upsert, which
 // replaces the entry of a token enlisted already. A new entry campaigns
 // since the statement's start (the columns since and refreshed_at
 // default to it); an entry enlisted again is refreshed then, and keeps its
@@ -137,9 +137,9 @@ const (
 // firstCandidate).
 //
 // The query's sixth column is the entry's session_at: the server's now if
-// the candidate enlists through an attempt of its own (on its own session,
-// for the advisory strategy), NULL otherwise (Enlist, and the advisory
-// candidates that shared another's attempt), which keeps the last one.
+// an advisory candidate enlists through an attempt on its own session,
+// NULL otherwise (Enlist, the advisory candidates that shared another's
+// attempt, and every lease candidate), which keeps the last one.
 func upsertCandidate(table, query string) string {
 	return fmt.Sprintf(`INSERT INTO %s AS c (name, token, id, priority, expires_at, session_at)
 	%s
@@ -180,13 +180,22 @@ const lazyCommit = `set_config('synchronous_commit', 'off', true)`
 // priority are the SQL expressions in cand, until leader.EnlistFactor
 // times ttl (an SQL interval) from the server's now, and make the
 // statement's commit lazy (lazyCommit). A grant writes nothing there.
-func enlistCTEs(table, allowed, ttl string, cand [4]string) string {
+//
+// session says whether the statement runs on the candidate's own session
+// (the advisory strategy's), which the entry then records (session_at,
+// see upsertCandidate); the lease strategy has no sessions, and records
+// none.
+func enlistCTEs(table, allowed, ttl string, cand [4]string, session bool) string {
+	sessionAt := "NULL::timestamptz"
+	if session {
+		sessionAt = "clock_timestamp()"
+	}
 	return fmt.Sprintf(`enlisting AS (
 	SELECT %[3]s WHERE NOT EXISTS (SELECT FROM granted) AND %[2]s
 ), enlisted AS (
 	%[1]s
-)`, upsertCandidate(table, fmt.Sprintf(`SELECT %s, %s, %s, %s, clock_timestamp() + %s * %d, clock_timestamp() FROM enlisting`,
-		cand[0], cand[1], cand[2], cand[3], ttl, leader.EnlistFactor)), allowed, lazyCommit)
+)`, upsertCandidate(table, fmt.Sprintf(`SELECT %s, %s, %s, %s, clock_timestamp() + %s * %d, %s FROM enlisting`,
+		cand[0], cand[1], cand[2], cand[3], ttl, leader.EnlistFactor, sessionAt)), allowed, lazyCommit)
 }
 
 // candidateStatements are the statements on the candidates' table.
