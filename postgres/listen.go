@@ -253,17 +253,12 @@ func (w *wakeups) Close() {
 }
 
 // notified wakes the watchers of the notification payload (see
-// parsePayload), sent by the backend of PID pid.
-func (w *wakeups) notified(payload string, pid uint32) {
-	w.notifiedOn(payload, pid, false)
-}
-
-// notifiedOn is notified for a notification on the store's channel
+// parsePayload), sent by the backend of PID pid on the store's channel
 // (targeted false) or on one of its candidate channels (true): a
 // candidate channel's, from a plain release that names the candidate to
 // wake first, wakes it even where a lock waiter covers the holder's
 // releases (see coverage), whose mark that release frees later.
-func (w *wakeups) notifiedOn(payload string, pid uint32, targeted bool) {
+func (w *wakeups) notified(payload string, pid uint32, targeted bool) {
 	n := parsePayload(payload)
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -452,10 +447,7 @@ func (w *wakeups) wakeNameLocked(n notice) {
 	case later:
 		w.deferLocked(n.name, n.hold)
 	case n.ev == eventGrant || n.ev == eventRelease:
-		if t := w.deferred[n.name]; t != nil {
-			t.Stop()
-			delete(w.deferred, n.name)
-		}
+		w.undeferLocked(n.name)
 	}
 }
 
@@ -465,6 +457,12 @@ func (w *wakeups) wakeNameLocked(n notice) {
 func (w *wakeups) taken(name string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.undeferLocked(name)
+}
+
+// undeferLocked cancels the deferred wake-up of name's free-watchers, if
+// any (see deferLocked). The caller holds mu.
+func (w *wakeups) undeferLocked(name string) {
 	if t := w.deferred[name]; t != nil {
 		t.Stop()
 		delete(w.deferred, name)
@@ -678,7 +676,7 @@ func (w *wakeups) listenOnce(ctx context.Context, conn *pgx.Conn, ready func()) 
 		cancel()
 		switch {
 		case err == nil:
-			w.notifiedOn(n.Payload, n.PID, n.Channel != w.channel)
+			w.notified(n.Payload, n.PID, n.Channel != w.channel)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case poked && !conn.IsClosed():

@@ -453,7 +453,7 @@ func TestReleaseNotificationsCoveredByTheLockWaiter(t *testing.T) {
 		drain(free)
 		drain(all)
 		drain(grants)
-		w.notified(payload, pid)
+		w.notified(payload, pid, false)
 		gotFree, gotAll, gotGrants := len(free) == 1, len(all) == 1, len(grants) == 1
 		if gotFree != wantFree || !gotAll || gotGrants != wantGrants {
 			t.Errorf("%s: free-watcher woken %v, watcher woken %v, lock waiter woken %v; want %v, true, %v",
@@ -495,13 +495,13 @@ func TestHandoverNoticeWakesTheSuccessor(t *testing.T) {
 		drain(free)
 		drain(all)
 		start := time.Now()
-		w.notified(payload, 0)
+		w.notified(payload, 0, false)
 		if len(bob) != 1 || len(free) != 1 || len(all) != 1 || len(carol) != 0 {
 			t.Fatalf("a handover to bob woke bob %v, a free-watcher of no candidate %v, a plain watcher %v, carol %v; want true, true, true, false",
 				len(bob) == 1, len(free) == 1, len(all) == 1, len(carol) == 1)
 		}
 		if taken {
-			w.notified(payloadGrant+"n", 0)
+			w.notified(payloadGrant+"n", 0, false)
 			select {
 			case <-carol:
 				t.Fatal("carol was woken for a handover to bob, which a grant followed")

@@ -304,7 +304,7 @@ func TestPrepareNoticeWakesOnlyTheSuccessor(t *testing.T) {
 	w.addLocked("n", carol, watcher{kind: watchFree, token: "carol"})
 	w.addLocked("n", free, watcher{kind: watchFree})
 	w.addLocked("n", all, watcher{kind: watchAll})
-	w.notified(payloadPrepare+"3:bobn", 0)
+	w.notified(payloadPrepare+"3:bobn", 0, false)
 	if len(bob) != 1 || len(carol) != 0 || len(free) != 0 || len(all) != 0 {
 		t.Fatalf("a preparation for bob woke bob %v, carol %v, a free-watcher of no candidate %v, a plain watcher %v; want only bob",
 			len(bob) == 1, len(carol) == 1, len(free) == 1, len(all) == 1)
