@@ -236,3 +236,59 @@ func TestMigrateLeavesAnUpToDateSchemaAlone(t *testing.T) {
 		t.Fatalf("the lease table's comment after Migrate = %v; want the schema's mark", mark)
 	}
 }
+
+// TestHandoverTablesAreVacuumedRarely checks that Migrate raises the
+// autovacuum thresholds of the advisory strategy's table and the
+// candidates' table (migration 011), and that the updates which the raise
+// relies on are heap-only: the grants and releases of one name, and a
+// refused candidate's attempts, which rewrite its entry, write no index
+// entry, so their dead versions are pruned without VACUUM.
+func TestHandoverTablesAreVacuumedRarely(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	s := setupAdvisory(t, pool, Options{})
+	tables := []string{s.opts.qualifiedAdvisoryTable(), s.opts.qualifiedCandidateTable()}
+	for _, table := range tables {
+		var opts []string
+		if err := pool.QueryRow(callCtx(t), `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`, table).Scan(&opts); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"autovacuum_vacuum_threshold=10000", "autovacuum_analyze_threshold=10000"} {
+			if !slices.Contains(opts, want) {
+				t.Errorf("table %s options %v; want %s", table, opts, want)
+			}
+		}
+	}
+
+	const rounds = 30
+	alice, bob := candidate("alice"), candidate("bob")
+	for range rounds {
+		l := mustGrant(t, s, "rarely", alice, time.Minute)
+		if _, granted := mustAcquire(t, s, "rarely", bob, time.Minute); granted {
+			t.Fatal("bob was granted a held lease")
+		}
+		mustRelease(t, s, "rarely", alice, l.Term)
+	}
+	stats := func(table string) (upd, hot int64) {
+		if _, err := pool.Exec(callCtx(t), "SELECT pg_stat_force_next_flush()"); err != nil {
+			t.Logf("pg_stat_force_next_flush: %v (older server)", err)
+		}
+		if err := pool.QueryRow(callCtx(t), `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = $1::regclass`, table).Scan(&upd, &hot); err != nil {
+			t.Fatal(err)
+		}
+		return upd, hot
+	}
+	// Each round updates the name's row twice (grant, release) and bob's
+	// entry once; the first round inserts both.
+	for _, table := range tables {
+		electortest.Eventually(t, 10*time.Second, "the updates of "+table+" to show in pg_stat_user_tables", func() bool {
+			upd, _ := stats(table)
+			return upd >= rounds-1
+		})
+		upd, hot := stats(table)
+		if hot < upd/2 {
+			t.Errorf("%d of %d updates of %s were heap-only; want at least half", hot, upd, table)
+		}
+		t.Logf("%s: %d of %d updates heap-only", table, hot, upd)
+	}
+}

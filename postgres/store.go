@@ -567,6 +567,18 @@
 // It is best effort, within 10 seconds: a connection on which it fails
 // is used as it is.
 //
+// A VACUUM or ANALYZE of a table that these statements read updates the
+// table's row of pg_class, which invalidates every session's plans of
+// them: each plans its next one again, about a millisecond more if that
+// is a handover's. Migrate sets the autovacuum thresholds of the advisory
+// strategy's table and of the candidates' table, which every grant,
+// release and refused attempt rewrite, to 10,000 changed rows rather than
+// 50, so that autovacuum visits them some 200 times less often; their
+// updates are heap-only, and the next access to a page prunes the dead
+// versions without VACUUM (migration 011). With the defaults, autovacuum
+// visited them about once a minute in the bench, and the handovers that
+// followed made the tail of its advisory transfers.
+//
 // # Errors
 //
 // Every error names the operation and the election name, and wraps
