@@ -239,10 +239,11 @@ func TestMigrateLeavesAnUpToDateSchemaAlone(t *testing.T) {
 
 // TestHandoverTablesAreVacuumedRarely checks that Migrate raises the
 // autovacuum thresholds of the advisory strategy's table and the
-// candidates' table (migration 011), and that the updates which the raise
-// relies on are heap-only: the grants and releases of one name, and a
-// refused candidate's attempts, which rewrite its entry, write no index
-// entry, so their dead versions are pruned without VACUUM.
+// candidates' table, and gives them fillfactor 50 (migration 011), and
+// that the updates which the raise relies on are heap-only, on tables of
+// many rows: the grants and releases of many names, and candidates
+// enlisted again, write no index entry, so their dead versions are pruned
+// without VACUUM.
 func TestHandoverTablesAreVacuumedRarely(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
@@ -253,41 +254,51 @@ func TestHandoverTablesAreVacuumedRarely(t *testing.T) {
 		if err := pool.QueryRow(callCtx(t), `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`, table).Scan(&opts); err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"autovacuum_vacuum_threshold=10000", "autovacuum_analyze_threshold=10000"} {
+		for _, want := range []string{"autovacuum_vacuum_threshold=10000", "autovacuum_analyze_threshold=10000", "fillfactor=50"} {
 			if !slices.Contains(opts, want) {
 				t.Errorf("table %s options %v; want %s", table, opts, want)
 			}
 		}
 	}
 
-	const rounds = 30
-	alice, bob := candidate("alice"), candidate("bob")
-	for range rounds {
-		l := mustGrant(t, s, "rarely", alice, time.Minute)
-		if _, granted := mustAcquire(t, s, "rarely", bob, time.Minute); granted {
-			t.Fatal("bob was granted a held lease")
-		}
-		mustRelease(t, s, "rarely", alice, l.Term)
+	// 40 names granted and released three times by one candidate (a
+	// session each), and 300 candidates of one name enlisted three times.
+	const names, candidates, rounds = 40, 300, 3
+	alice := candidate("alice")
+	var cs []leader.Candidate
+	for i := range candidates {
+		cs = append(cs, candidate(fmt.Sprint("c", i)))
 	}
-	stats := func(table string) (upd, hot int64) {
-		if _, err := pool.Exec(callCtx(t), "SELECT pg_stat_force_next_flush()"); err != nil {
-			t.Logf("pg_stat_force_next_flush: %v (older server)", err)
+	for range rounds {
+		for i := range names {
+			name := fmt.Sprint("rarely-", i)
+			mustRelease(t, s, name, alice, mustGrant(t, s, name, alice, time.Minute).Term)
 		}
+		for _, c := range cs {
+			if err := s.Enlist(callCtx(t), "rarely", c, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// A backend reports its counts as its transaction ends, at most once
+	// a second, and as it exits: close every connection that wrote.
+	s.Close()
+	pool.Reset()
+	stats := func(table string) (upd, hot int64) {
 		if err := pool.QueryRow(callCtx(t), `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = $1::regclass`, table).Scan(&upd, &hot); err != nil {
 			t.Fatal(err)
 		}
 		return upd, hot
 	}
-	// Each round updates the name's row twice (grant, release) and bob's
-	// entry once; the first round inserts both.
+	wantUpdates := map[string]int64{tables[0]: names * (2*rounds - 1), tables[1]: candidates * (rounds - 1)}
 	for _, table := range tables {
-		electortest.Eventually(t, 10*time.Second, "the updates of "+table+" to show in pg_stat_user_tables", func() bool {
+		electortest.Eventually(t, 20*time.Second, "the updates of "+table+" to show in pg_stat_user_tables", func() bool {
 			upd, _ := stats(table)
-			return upd >= rounds-1
+			return upd >= wantUpdates[table]
 		})
 		upd, hot := stats(table)
-		if hot < upd/2 {
-			t.Errorf("%d of %d updates of %s were heap-only; want at least half", hot, upd, table)
+		if hot < upd*3/4 {
+			t.Errorf("%d of %d updates of %s were heap-only; want at least 3/4", hot, upd, table)
 		}
 		t.Logf("%s: %d of %d updates heap-only", table, hot, upd)
 	}

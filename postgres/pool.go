@@ -130,33 +130,23 @@ func planAhead(ctx context.Context, conn *pgx.Conn, warm []string) error {
 }
 
 // warmUp is the last statement of planAhead's batch: it calls, once, the
-// functions and operators that a grant and a release call as they run,
-// and sets, each to the value it has, the settings that they set. EXPLAIN
-// plans a statement without running it, so a backend's first grant or
+// functions and operators that a grant and a release call as they run.
+// EXPLAIN plans a statement without running it, so a backend's first
 // release would still look up, as it runs, what each function call needs
 // (the catalog), set up the SHA-256 of the candidate channels, and create
 // the release's own settings (namedChannelSetting, namedPayloadSetting);
-// and a session of the advisory strategy most often releases once, and is
-// granted once, in its life. Measured on one store, an advisory session's
-// first named release took 0.5 ms more than a later one, and it took the
-// same after this statement; in the bench, the advisory strategy's
-// release statement ran in 0.94 ms on the server on average before, and
-// 0.22 ms after. It changes nothing: the settings keep their values (the
-// release's own are empty until a release sets them), and
-// synchronous_commit is set for this statement's transaction alone.
-// idle_session_timeout (PostgreSQL 14) is set only where it exists.
+// and a session of the advisory strategy most often releases once in its
+// life. Measured once on one store, an advisory session's first named
+// release took 0.5 ms more than a later one, and the same after this
+// statement; in one bench run, the advisory strategy's release statement
+// ran in 0.94 ms on the server on average before, and 0.22 ms after. It
+// sets only the release's own settings, to the empty value that means
+// "named nobody", on a connection that has not released yet.
 const warmUp = `SELECT left(encode(sha256(convert_to(x.v, 'UTF8')), 'hex'), 2), octet_length(x.v) + 1, x.v || '~' || x.v,
 	set_config('` + namedChannelSetting + `', '', false), set_config('` + namedPayloadSetting + `', '', false),
 	coalesce(current_setting('` + namedChannelSetting + `', true), ''),
 	clock_timestamp() - x.t < (x.t - x.t) / 2, coalesce(x.t > clock_timestamp() - 90 * interval '1 second', false),
-	(extract(epoch FROM x.t - clock_timestamp()) * 1000000)::bigint,
-	CASE WHEN current_setting('idle_session_timeout', true) IS NOT NULL
-		THEN set_config('idle_session_timeout', current_setting('idle_session_timeout', true), false) END,
-	set_config('tcp_user_timeout', current_setting('tcp_user_timeout'), false),
-	set_config('tcp_keepalives_idle', current_setting('tcp_keepalives_idle'), false),
-	set_config('tcp_keepalives_interval', current_setting('tcp_keepalives_interval'), false),
-	set_config('tcp_keepalives_count', current_setting('tcp_keepalives_count'), false),
-	set_config('synchronous_commit', current_setting('synchronous_commit'), true)
+	(extract(epoch FROM x.t - clock_timestamp()) * 1000000)::bigint
 FROM (VALUES ('w'::text, now())) AS x(v, t);
 `
 
