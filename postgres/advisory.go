@@ -100,7 +100,10 @@ import (
 // in pg_advisory_lock_shared on the holder's mark while the lock is held
 // (costing the server nothing), is granted the mark the moment the holder
 // lets go of it or its session ends, unlocks at once, and wakes the name's
-// watchers. Lock waiters never touch the lock itself, so the first
+// watchers. It waits a minute at most in one statement, and then waits
+// again in the next: a statement keeps its snapshot, which holds back the
+// oldest row version that VACUUM must keep in every table of the
+// database, and a wait of a whole tenure held it back for as long. Lock waiters never touch the lock itself, so the first
 // candidate to come takes it in one round trip; and as the mark belongs
 // to the holder's backend, the next holder takes its own at once, without
 // waiting for the lock waiters to let go of the last one. A process whose
@@ -231,6 +234,8 @@ type AdvisoryStore struct {
 	// markAfter is the const namedMarkAfter; tests lengthen it, so that
 	// the lock waiters' wake-up cannot come first on a busy machine.
 	markAfter time.Duration
+	// waitSlice is the const waitSlice; tests shorten it.
+	waitSlice time.Duration
 }
 
 var (
@@ -250,6 +255,15 @@ const (
 	// waiterPoll bounds how long a lock waiter trusts that a free lock is
 	// still free without a notification saying it was granted.
 	waiterPoll = 5 * time.Second
+	// waitSlice is how long one statement of a lock waiter waits for a
+	// holder to go before it gives up (its lock_timeout) and the next
+	// one waits again. A statement keeps the snapshot it began with, and
+	// with it the oldest row version that the database's VACUUM and page
+	// pruning must keep (its backend_xmin): waiting a whole tenure in one
+	// statement held them back, in every table of the database, for as
+	// long as a leader led. Sliced, a waiter holds them back a minute at
+	// most, for one more statement a minute while a holder leads.
+	waitSlice = time.Minute
 	// markLook is how long a lock waiter that found the lock held
 	// without its mark, by a backend the row does not name (most likely a
 	// grant in flight), waits before it looks again, unless the grant's
@@ -338,6 +352,7 @@ func NewAdvisoryStore(ctx context.Context, pool *pgxpool.Pool, opts Options) (*A
 		queueWait:   queueWait,
 		waiterPoll:  waiterPoll,
 		markAfter:   namedMarkAfter,
+		waitSlice:   waitSlice,
 	}
 	s.candidateChannels = true
 	ctx, cancel := opts.bound(ctx)

@@ -982,3 +982,59 @@ func TestAdvisoryUnmarkedHolderHandsOver(t *testing.T) {
 	case <-time.After(hold / 2):
 	}
 }
+
+// TestAdvisoryLockWaiterKeepsNoOldSnapshot checks that a lock waiter
+// waiting on a holder that leads on does not hold back the oldest row
+// version that the database's VACUUM and pruning must keep (see
+// waitSlice): its backend_xmin moves past a transaction that committed
+// after its wait began, while it still waits on the holder's mark. Its
+// slices wake no watcher, and it still wakes them at the release.
+func TestAdvisoryLockWaiterKeepsNoOldSnapshot(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	const name = "sliced"
+	key := holders.Key(name)
+	watchers := setupAdvisory(t, pool, Options{})
+	watchers.waiterPoll = time.Hour // the wake-up must not be the poll's
+	watchers.waitSlice = 50 * time.Millisecond
+	ch, err := watchers.WatchFree(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice := candidate("alice")
+	l := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	drain(ch)
+
+	var committed int64 // a transaction that began after the wait did
+	if err := pool.QueryRow(callCtx(t), "SELECT txid_current()").Scan(&committed); err != nil {
+		t.Fatal(err)
+	}
+	electortest.Eventually(t, 10*time.Second, "the waiting lock waiter's backend_xmin past a later transaction", func() bool {
+		var xmin int64
+		err := pool.QueryRow(callCtx(t), `SELECT coalesce(max(backend_xmin::text::bigint), 0) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock_shared%'`).Scan(&xmin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return xmin > committed
+	})
+	select {
+	case <-ch:
+		t.Fatal("a watcher was woken while the holder led on")
+	case <-time.After(10 * watchers.waitSlice):
+	}
+	if got := requests(t, pool, key, pid).markSharedWaiting; got != 1 {
+		t.Fatalf("%d lock waiters on the holder's mark; want 1", got)
+	}
+	mustRelease(t, holders, name, alice, l.Term)
+	select {
+	case <-ch:
+	case <-time.After(wakeTimeout):
+		t.Fatalf("no wake-up within %v of the release", wakeTimeout)
+	}
+}

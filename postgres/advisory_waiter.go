@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -344,32 +345,45 @@ func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name stri
 // now: a holder's release clears (and reserves) the row before it
 // unlocks. On the lease's lock, the wait ends when whoever holds it then
 // lets go, which may be a later holder than holder.
+//
+// Each round trip waits s.waitSlice at most (its transaction's
+// lock_timeout), and the next one waits again, with a snapshot of its
+// own: see waitSlice.
 func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name string, holder int32, wait string, arg any) (h *handoff, taken bool, err error) {
-	var b pgx.Batch
-	b.Queue(wait, arg)
 	hi, lo := keyHalves(s.Key(name))
-	b.Queue(s.sql.reserved, name, hi, lo)
-	br := conn.SendBatch(ctx, &b)
-	_, err = br.Exec()
-	var (
-		token *string
-		left  int64  // microseconds
-		now   *int32 // the backend the row names as its holder
-	)
-	if err == nil {
-		err = br.QueryRow().Scan(&token, &left, &now)
+	slice := strconv.FormatInt(max(s.waitSlice.Milliseconds(), 1), 10)
+	for {
+		var b pgx.Batch
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, slice)
+		b.Queue(wait, arg)
+		b.Queue(s.sql.reserved, name, hi, lo)
+		br := conn.SendBatch(ctx, &b)
+		_, err = br.Exec()
+		if err == nil {
+			_, err = br.Exec()
+		}
+		var (
+			token *string
+			left  int64  // microseconds
+			now   *int32 // the backend the row names as its holder
+		)
+		if err == nil {
+			err = br.QueryRow().Scan(&token, &left, &now)
+		}
+		read := time.Now()
+		err = errors.Join(err, br.Close())
+		switch {
+		case sqlState(err) == "55P03" && ctx.Err() == nil: // lock_not_available: the slice is over
+			continue
+		case err != nil && !errors.Is(err, pgx.ErrNoRows):
+			return nil, false, err
+		case now != nil && *now != holder:
+			return nil, true, nil
+		case token == nil || *token == "" || left <= 0:
+			return nil, false, nil
+		}
+		return &handoff{token: *token, until: read.Add(time.Duration(left) * time.Microsecond)}, false, nil
 	}
-	read := time.Now()
-	if err := errors.Join(err, br.Close()); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, err
-	}
-	if now != nil && *now != holder {
-		return nil, true, nil
-	}
-	if token == nil || *token == "" || left <= 0 {
-		return nil, false, nil
-	}
-	return &handoff{token: *token, until: read.Add(time.Duration(left) * time.Microsecond)}, false, nil
 }
 
 // awaitEvent waits for a value on sub, or for d, or until ctx ends,
