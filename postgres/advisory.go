@@ -103,8 +103,12 @@ import (
 // watchers. It waits a minute at most in one statement, and then waits
 // again in the next: a statement keeps its snapshot, which holds back the
 // oldest row version that VACUUM must keep in every table of the
-// database, and a wait of a whole tenure held it back for as long. Lock waiters never touch the lock itself, so the first
-// candidate to come takes it in one round trip; and as the mark belongs
+// database, and a wait of a whole tenure held it back for as long. (Each
+// wait that runs out is logged by the server as a statement canceled by
+// its lock timeout, and counted as a rollback: once a minute per watched
+// name per process while a leader leads.) Lock waiters never touch the
+// lock itself, so the first candidate to come takes it in one round trip;
+// and as the mark belongs
 // to the holder's backend, the next holder takes its own at once, without
 // waiting for the lock waiters to let go of the last one. A process whose
 // lock waiter is waiting on a holder's mark, or has seen it go, keeps

@@ -984,11 +984,11 @@ func TestAdvisoryUnmarkedHolderHandsOver(t *testing.T) {
 }
 
 // TestAdvisoryLockWaiterKeepsNoOldSnapshot checks that a lock waiter
-// waiting on a holder that leads on does not hold back the oldest row
-// version that the database's VACUUM and pruning must keep (see
-// waitSlice): its backend_xmin moves past a transaction that committed
-// after its wait began, while it still waits on the holder's mark. Its
-// slices wake no watcher, and it still wakes them at the release.
+// waiting on a holder that leads on does not keep one statement, and with
+// it one snapshot, for the whole tenure (see waitSlice): the waiting
+// statement is sent again, and began after a moment later than the wait,
+// while it still waits on the holder's mark. Its slices wake no watcher,
+// and it still wakes them at the release.
 func TestAdvisoryLockWaiterKeepsNoOldSnapshot(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
@@ -1005,32 +1005,41 @@ func TestAdvisoryLockWaiterKeepsNoOldSnapshot(t *testing.T) {
 	alice := candidate("alice")
 	l := mustGrant(t, holders, name, alice, time.Minute)
 	pid := holders.holderPID(t, name)
-	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
-		return requests(t, pool, key, pid).markSharedWaiting == 1
-	})
+	waiting := func() bool { return requests(t, pool, key, pid).markSharedWaiting == 1 }
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", waiting)
 	drain(ch)
 
-	var committed int64 // a transaction that began after the wait did
-	if err := pool.QueryRow(callCtx(t), "SELECT txid_current()").Scan(&committed); err != nil {
-		t.Fatal(err)
-	}
-	electortest.Eventually(t, 10*time.Second, "the waiting lock waiter's backend_xmin past a later transaction", func() bool {
-		var xmin int64
-		err := pool.QueryRow(callCtx(t), `SELECT coalesce(max(backend_xmin::text::bigint), 0) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock_shared%'`).Scan(&xmin)
+	// The waiting statement's start, on the server's clock (each test has
+	// a database of its own, and the store's lock waiter is its only
+	// backend waiting on a lock).
+	waitingSince := func() (since time.Time, ok bool) {
+		var at *time.Time
+		err := pool.QueryRow(callCtx(t), `SELECT max(query_start) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%pg_advisory_lock_shared%'`).Scan(&at)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return xmin > committed
+		if at == nil {
+			return time.Time{}, false
+		}
+		return *at, true
+	}
+	var first time.Time
+	electortest.Eventually(t, 10*time.Second, "the waiting statement in pg_stat_activity", func() bool {
+		var ok bool
+		first, ok = waitingSince()
+		return ok
+	})
+	electortest.Eventually(t, 10*time.Second, "a waiting statement begun after the first", func() bool {
+		since, ok := waitingSince()
+		return ok && since.After(first)
 	})
 	select {
 	case <-ch:
 		t.Fatal("a watcher was woken while the holder led on")
 	case <-time.After(10 * watchers.waitSlice):
 	}
-	if got := requests(t, pool, key, pid).markSharedWaiting; got != 1 {
-		t.Fatalf("%d lock waiters on the holder's mark; want 1", got)
-	}
+	electortest.Eventually(t, 10*time.Second, "the lock waiter still on the holder's mark", waiting)
 	mustRelease(t, holders, name, alice, l.Term)
 	select {
 	case <-ch:

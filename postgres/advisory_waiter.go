@@ -346,9 +346,9 @@ func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name stri
 // unlocks. On the lease's lock, the wait ends when whoever holds it then
 // lets go, which may be a later holder than holder.
 //
-// Each round trip waits s.waitSlice at most (its transaction's
-// lock_timeout), and the next one waits again, with a snapshot of its
-// own: see waitSlice.
+// Each lock wait lasts s.waitSlice at most (its transaction's
+// lock_timeout, set back to none before the read), and the next round
+// trip waits again, with a snapshot of its own: see waitSlice.
 func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name string, holder int32, wait string, arg any) (h *handoff, taken bool, err error) {
 	hi, lo := keyHalves(s.Key(name))
 	slice := strconv.FormatInt(max(s.waitSlice.Milliseconds(), 1), 10)
@@ -356,9 +356,19 @@ func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name str
 		var b pgx.Batch
 		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, slice)
 		b.Queue(wait, arg)
+		b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
 		b.Queue(s.sql.reserved, name, hi, lo)
 		br := conn.SendBatch(ctx, &b)
 		_, err = br.Exec()
+		if err == nil {
+			_, err = br.Exec()
+			if sqlState(err) == "55P03" && ctx.Err() == nil { // lock_not_available: the slice is over
+				if err := br.Close(); err != nil && sqlState(err) != "55P03" {
+					return nil, false, err
+				}
+				continue
+			}
+		}
 		if err == nil {
 			_, err = br.Exec()
 		}
@@ -373,8 +383,6 @@ func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name str
 		read := time.Now()
 		err = errors.Join(err, br.Close())
 		switch {
-		case sqlState(err) == "55P03" && ctx.Err() == nil: // lock_not_available: the slice is over
-			continue
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
 			return nil, false, err
 		case now != nil && *now != holder:
