@@ -1047,3 +1047,62 @@ func TestAdvisoryLockWaiterKeepsNoOldSnapshot(t *testing.T) {
 		t.Fatalf("no wake-up within %v of the release", wakeTimeout)
 	}
 }
+
+// TestAdvisoryLockWaiterReadsCommitted checks that a lock waiter reads a
+// handover's reservation, in the round trip of its wait, also where the
+// server's default isolation level is repeatable read: there the round
+// trip's one transaction would read the row as it stood before the wait,
+// and the lock waiter would wake every watcher instead of the successor's
+// alone.
+func TestAdvisoryLockWaiterReadsCommitted(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	if _, err := pool.Exec(callCtx(t), `DO $$ BEGIN
+	EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = %L', current_database(), 'repeatable read');
+END $$`); err != nil {
+		t.Fatal(err)
+	}
+	holders := setupAdvisory(t, pool, Options{})
+	followers := setupAdvisory(t, pool, Options{})
+	const name = "read-committed"
+	key := holders.Key(name)
+	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
+	forBob, err := followers.WatchFreeFor(t.Context(), name, bob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forCarol, err := followers.WatchFreeFor(t.Context(), name, carol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	var level string
+	if err := holders.holderSession(t, name).do(callCtx(t), holders, false, func(conn *pgx.Conn) error {
+		return conn.QueryRow(callCtx(t), "SHOW transaction_isolation").Scan(&level)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if level != "repeatable read" {
+		t.Fatalf("the holder's session runs %q; the test needs the database's default, repeatable read", level)
+	}
+	time.Sleep(100 * time.Millisecond)
+	drain(forBob)
+	drain(forCarol)
+	const hold = 3 * time.Second
+	if err := holders.ReleaseTo(callCtx(t), name, alice.Token, held.Term, bob, leader.GrantTransfer, hold); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	waitWake(t, forBob, "for the successor, after a handover")
+	select {
+	case <-forCarol:
+		if d := time.Since(released); d < hold/2 {
+			t.Fatalf("a handover to bob for %v woke carol's watcher after %v, while it was reserved for him", hold, d)
+		}
+	case <-time.After(hold / 2):
+	}
+}

@@ -122,8 +122,11 @@ func (s *AdvisoryStore) waitLoop(ctx context.Context, name string, w *lockWaiter
 }
 
 // connectWaiter opens a lock waiter's connection: a session of its own,
-// whose blocking statement no server default may cut short, and whose
-// server process notices within a second that the waiter went away.
+// whose blocking statement no server default may cut short, whose server
+// process notices within a second that the waiter went away, and whose
+// transactions read committed whatever the server's default, so that the
+// read that follows a wait in the same round trip (see awaitGoing) sees
+// what the holder committed as it let go.
 func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 	config := s.dialer.connConfig()
 	for k, v := range map[string]string{
@@ -131,6 +134,7 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 		"lock_timeout":                     "0",
 		"idle_session_timeout":             "0",
 		"client_connection_check_interval": "1000",
+		"default_transaction_isolation":    "read committed",
 	} {
 		config.RuntimeParams[k] = v
 	}
