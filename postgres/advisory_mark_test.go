@@ -985,10 +985,10 @@ func TestAdvisoryUnmarkedHolderHandsOver(t *testing.T) {
 
 // TestAdvisoryLockWaiterKeepsNoOldSnapshot checks that a lock waiter
 // waiting on a holder that leads on does not keep one statement, and with
-// it one snapshot, for the whole tenure (see waitSlice): the waiting
-// statement is sent again, and began after a moment later than the wait,
-// while it still waits on the holder's mark. Its slices wake no watcher,
-// and it still wakes them at the release.
+// it one snapshot, for the whole tenure (see waitSlice): while the holder
+// leads on, the waiting statement is sent again (one that began later
+// than the first is seen waiting on the holder's mark). Its slices wake
+// no watcher, and it still wakes them at the release.
 func TestAdvisoryLockWaiterKeepsNoOldSnapshot(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
