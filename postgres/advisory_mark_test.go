@@ -946,14 +946,7 @@ func TestAdvisoryUnmarkedHolderHandsOver(t *testing.T) {
 	const name = "unmarked-handover"
 	key := holders.Key(name)
 	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
-	forBob, err := followers.WatchFreeFor(t.Context(), name, bob)
-	if err != nil {
-		t.Fatal(err)
-	}
-	forCarol, err := followers.WatchFreeFor(t.Context(), name, carol)
-	if err != nil {
-		t.Fatal(err)
-	}
+	forBob, forCarol := watchFreeFor(t, followers, name, bob), watchFreeFor(t, followers, name, carol)
 	for _, c := range []leader.Candidate{bob, carol} {
 		if err := holders.Enlist(callCtx(t), name, c, time.Minute); err != nil {
 			t.Fatal(err)
@@ -965,22 +958,7 @@ func TestAdvisoryUnmarkedHolderHandsOver(t *testing.T) {
 	electortest.Eventually(t, 10*time.Second, "the lock waiter waiting on the unmarked lock", func() bool {
 		return requests(t, pool, key, pid).lockSharedWaiting == 1
 	})
-	time.Sleep(100 * time.Millisecond)
-	drain(forBob)
-	drain(forCarol)
-	const hold = 3 * time.Second
-	if err := holders.ReleaseTo(callCtx(t), name, alice.Token, held.Term, bob, leader.GrantTransfer, hold); err != nil {
-		t.Fatal(err)
-	}
-	released := time.Now()
-	waitWake(t, forBob, "for the successor, after a handover of an unmarked lock")
-	select {
-	case <-forCarol:
-		if d := time.Since(released); d < hold/2 {
-			t.Fatalf("a handover to bob for %v woke carol's watcher after %v, while it was reserved for him", hold, d)
-		}
-	case <-time.After(hold / 2):
-	}
+	wantHandoverWakesTheSuccessor(t, holders, name, alice, held.Term, bob, forBob, forCarol, "for the successor, after a handover of an unmarked lock")
 }
 
 // TestAdvisoryLockWaiterKeepsNoOldSnapshot checks that a lock waiter
@@ -1041,11 +1019,7 @@ func TestAdvisoryLockWaiterKeepsNoOldSnapshot(t *testing.T) {
 	}
 	electortest.Eventually(t, 10*time.Second, "the lock waiter still on the holder's mark", waiting)
 	mustRelease(t, holders, name, alice, l.Term)
-	select {
-	case <-ch:
-	case <-time.After(wakeTimeout):
-		t.Fatalf("no wake-up within %v of the release", wakeTimeout)
-	}
+	waitWake(t, ch, "of the release")
 }
 
 // TestAdvisoryLockWaiterReadsCommitted checks that a lock waiter reads a
@@ -1067,14 +1041,7 @@ END $$`); err != nil {
 	const name = "read-committed"
 	key := holders.Key(name)
 	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
-	forBob, err := followers.WatchFreeFor(t.Context(), name, bob)
-	if err != nil {
-		t.Fatal(err)
-	}
-	forCarol, err := followers.WatchFreeFor(t.Context(), name, carol)
-	if err != nil {
-		t.Fatal(err)
-	}
+	forBob, forCarol := watchFreeFor(t, followers, name, bob), watchFreeFor(t, followers, name, carol)
 	held := mustGrant(t, holders, name, alice, time.Minute)
 	pid := holders.holderPID(t, name)
 	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
@@ -1089,19 +1056,38 @@ END $$`); err != nil {
 	if level != "repeatable read" {
 		t.Fatalf("the holder's session runs %q; the test needs the database's default, repeatable read", level)
 	}
+	wantHandoverWakesTheSuccessor(t, holders, name, alice, held.Term, bob, forBob, forCarol, "for the successor, after a handover")
+}
+
+// watchFreeFor returns s.WatchFreeFor(name, c).
+func watchFreeFor(t *testing.T, s *AdvisoryStore, name string, c leader.Candidate) <-chan struct{} {
+	t.Helper()
+	ch, err := s.WatchFreeFor(t.Context(), name, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// wantHandoverWakesTheSuccessor hands name, held by from under term, over
+// to for 3s, and checks that forTo, the successor's watcher, is woken
+// (what says after what), and forOther, another candidate's, not before
+// half the reservation has passed. Both are drained first.
+func wantHandoverWakesTheSuccessor(t *testing.T, holders *AdvisoryStore, name string, from leader.Candidate, term uint64, to leader.Candidate, forTo, forOther <-chan struct{}, what string) {
+	t.Helper()
 	time.Sleep(100 * time.Millisecond)
-	drain(forBob)
-	drain(forCarol)
+	drain(forTo)
+	drain(forOther)
 	const hold = 3 * time.Second
-	if err := holders.ReleaseTo(callCtx(t), name, alice.Token, held.Term, bob, leader.GrantTransfer, hold); err != nil {
+	if err := holders.ReleaseTo(callCtx(t), name, from.Token, term, to, leader.GrantTransfer, hold); err != nil {
 		t.Fatal(err)
 	}
 	released := time.Now()
-	waitWake(t, forBob, "for the successor, after a handover")
+	waitWake(t, forTo, what)
 	select {
-	case <-forCarol:
+	case <-forOther:
 		if d := time.Since(released); d < hold/2 {
-			t.Fatalf("a handover to bob for %v woke carol's watcher after %v, while it was reserved for him", hold, d)
+			t.Fatalf("a handover to %s for %v woke another candidate's watcher after %v, while it was reserved for the successor", to.ID, hold, d)
 		}
 	case <-time.After(hold / 2):
 	}
