@@ -99,22 +99,21 @@ import (
 // backend PID. For each watched name, a connection of the store's blocks
 // in pg_advisory_lock_shared on the holder's mark while the lock is held
 // (costing the server nothing), is granted the mark the moment the holder
-// lets go of it or its session ends, unlocks at once, and wakes the name's
-// watchers. It waits a minute at most in one statement, and then waits
-// again in the next: a statement keeps its snapshot, which holds back the
-// oldest row version that VACUUM must keep in every table of the
+// lets go of it or its session ends, unlocks at once, and wakes the
+// name's watchers. It waits a minute at most in one statement, and then
+// waits again in the next: a statement keeps its snapshot, which holds
+// back the oldest row version that VACUUM must keep in every table of the
 // database, and a wait of a whole tenure held it back for as long. (Each
 // wait that runs out is logged by the server as a statement canceled by
 // its lock timeout, and counted as a rollback: once a minute per watched
 // name per process while a leader leads.) Lock waiters never touch the
 // lock itself, so the first candidate to come takes it in one round trip;
-// and as the mark belongs
-// to the holder's backend, the next holder takes its own at once, without
-// waiting for the lock waiters to let go of the last one. A process whose
-// lock waiter is waiting on a holder's mark, or has seen it go, keeps
-// that holder's release notification from waking its followers of free
-// leases (leader.FreeWatcher) a second time: each is woken once per
-// handover.
+// and as the mark belongs to the holder's backend, the next holder takes
+// its own at once, without waiting for the lock waiters to let go of the
+// last one. A process whose lock waiter is waiting on a holder's mark, or
+// has seen it go, keeps that holder's release notification from waking
+// its followers of free leases (leader.FreeWatcher) a second time: each
+// is woken once per handover.
 // Having woken them, a lock waiter looks at the lock again only at the next
 // grant's notification, or 20 ms later: a look reads the server's lock
 // view, which would slow the candidates' statements. A refused candidate
