@@ -1092,3 +1092,116 @@ func wantHandoverWakesTheSuccessor(t *testing.T, holders *AdvisoryStore, name st
 	case <-time.After(hold / 2):
 	}
 }
+
+// handOverKeepingTheMark releases name, held by from under term on
+// holders, reserved for to, as a prepared handover's commit does when its
+// successor waits: the lease's lock is freed at once and the holder's
+// mark keepMark later. The returned channel receives the release's
+// outcome once the mark is freed.
+func handOverKeepingTheMark(t *testing.T, holders *AdvisoryStore, name string, from leader.Candidate, term uint64, to leader.Candidate, keepMark time.Duration) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), keepMark+30*time.Second)
+		defer cancel()
+		done <- holders.release(ctx, name, from.Token, term, &reservation{to: to, reason: leader.GrantTransfer, hold: time.Minute, markAfter: keepMark}, 0)
+	}()
+	return done
+}
+
+// successorGranted hands name, held by alice on holders, over to bob on
+// successors with handOverKeepingTheMark, has bob granted while alice
+// still holds her mark, runs meanwhile (if not nil) before alice's mark
+// is freed, and returns bob's lease and backend PID once it is.
+func successorGranted(t *testing.T, holders, successors *AdvisoryStore, name string, alice leader.Candidate, term uint64, bob leader.Candidate, meanwhile func()) (leader.Lease, int32) {
+	t.Helper()
+	done := handOverKeepingTheMark(t, holders, name, alice, term, bob, 2*time.Second)
+	held := mustGrant(t, successors, name, bob, time.Minute)
+	pid := successors.holderPID(t, name)
+	if meanwhile != nil {
+		meanwhile()
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("handing over to %s: %v", bob.ID, err)
+	}
+	return held, pid
+}
+
+// TestAdvisoryLockWaiterFollowsTheSuccessor checks that a lock waiter
+// that finds, as a holder lets go of its mark, the lease granted already
+// (to a prepared handover's successor, or to the candidate a release
+// named) waits on the new holder's mark at once, without a look (a read
+// of pg_locks, in every follower process, at every handover), wakes no
+// watcher for that handover, and wakes them at the new holder's release.
+func TestAdvisoryLockWaiterFollowsTheSuccessor(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	successors := setupAdvisory(t, pool, Options{})
+	const name = "follows-the-successor"
+	key := holders.Key(name)
+	times := &statementTimes{}
+	watchers := advisoryOn(t, pool, func(c *pgx.ConnConfig) { c.Tracer = times })
+	times.mu.Lock()
+	times.match = map[string]string{watchers.sql.waiter: "look"}
+	times.mu.Unlock()
+	ch := watchers.watchFreeSettled(t, name)
+	alice, bob := candidate("alice"), candidate("bob")
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	drain(ch)
+	handed := time.Now()
+	next, nextPID := successorGranted(t, holders, successors, name, alice, held.Term, bob, nil)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's mark", func() bool {
+		return requests(t, pool, key, nextPID).markSharedWaiting == 1
+	})
+	time.Sleep(2 * markLook) // a look, had there been one, has begun
+	if at, ok := times.after(handed, "look", false); ok {
+		t.Errorf("the lock waiter looked %v after the handover; want it to wait on the successor's mark without a look", at.Sub(handed))
+	}
+	select {
+	case <-ch:
+		t.Errorf("a handover whose successor held the lease as the holder's mark was freed woke a watcher")
+	default:
+	}
+	mustRelease(t, successors, name, bob, next.Term)
+	waitWake(t, ch, "at the successor's release")
+}
+
+// TestAdvisoryLockWaiterLooksAtAnUnmarkedSuccessor checks that a lock
+// waiter that waits on a successor's mark without a look (see
+// TestAdvisoryLockWaiterFollowsTheSuccessor), and finds that the
+// successor holds the lease's lock without its mark (a store of an older
+// version, or a stray session holds the mark), wakes no watcher, looks,
+// and waits on the lease's lock itself, whose release wakes them.
+func TestAdvisoryLockWaiterLooksAtAnUnmarkedSuccessor(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	successors := setupAdvisory(t, pool, Options{})
+	watchers := setupAdvisory(t, pool, Options{})
+	const name = "unmarked-successor"
+	key := holders.Key(name)
+	ch := watchers.watchFreeSettled(t, name)
+	alice, bob := candidate("alice"), candidate("bob")
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	drain(ch)
+	next, nextPID := successorGranted(t, holders, successors, name, alice, held.Term, bob, func() { unmark(t, successors, name) })
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's unmarked lock", func() bool {
+		return requests(t, pool, key, nextPID).lockSharedWaiting == 1
+	})
+	select {
+	case <-ch:
+		t.Errorf("finding the successor without its mark woke a watcher, while it held the lease")
+	default:
+	}
+	mustRelease(t, successors, name, bob, next.Term)
+	waitWake(t, ch, "at the unmarked successor's release")
+}

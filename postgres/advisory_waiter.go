@@ -212,6 +212,15 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 	// the row first) it does not: the candidates woken at the mark may
 	// simply not have come yet.
 	var gone, wokeFor int32
+	// next is the backend that the last wait found granted the lease as
+	// its predecessor let go (a handover's successor, or a named
+	// candidate's grant): the next wait is on its mark, without a look.
+	// Its grant took the mark before its row was committed, and the read
+	// that saw the row saw it hold the lock; if it has gone since, its
+	// mark is free, and the wait on it ends at once with the row naming a
+	// backend that holds nothing, which wakes the watchers as any going
+	// does.
+	var next int32
 	for {
 		select {
 		case <-sub: // about to look anyway
@@ -222,10 +231,16 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			marked    bool   // whether the holder holds its mark
 			rowHolder *int32 // the backend the row names, if it has a holder
 		)
-		if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&holder, &marked, &rowHolder); err != nil {
-			return err // waitLoop wakes the watchers
+		hinted := next != 0
+		if hinted {
+			n := next
+			holder, marked, rowHolder, next = &n, true, &n, 0
+		} else {
+			if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&holder, &marked, &rowHolder); err != nil {
+				return err // waitLoop wakes the watchers
+			}
+			ready() // the session looks: it got going (see sessionLoop)
 		}
-		ready() // the session looks: it got going (see sessionLoop)
 		if holder == nil || marked {
 			inFlight = time.Time{}
 		}
@@ -269,21 +284,35 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			// another session: its release may be a handover, or the
 			// lease taken already, as after a mark's (below).
 			inFlight = time.Time{}
-			h, taken, err := s.awaitGoing(ctx, conn, name, *holder,
+			h, now, err := s.awaitGoing(ctx, conn, name, *holder,
 				"SELECT pg_advisory_lock_shared($1), pg_advisory_unlock_shared($1)", key)
 			if err != nil {
 				return err // waitLoop wakes the watchers
 			}
 			owed = false
+			taken := now != 0 && now != *holder
 			s.wakeFor(name, h, taken)
+			if taken {
+				next = now
+			}
 			continue
 		}
 		s.wakeups.expect(name, uint32(*holder))
-		h, taken, err := s.awaitMark(ctx, conn, name, *holder)
+		h, now, err := s.awaitMark(ctx, conn, name, *holder)
+		// A holder waited on without a look that let go of its mark
+		// and not of the lock has no mark (a store of an older
+		// version), or its session ended and its lock outlasts its mark
+		// for a moment: look, without waking anyone. The look waits on
+		// the lock itself, or finds it free and wakes the watchers
+		// (owed).
+		kept := hinted && now == *holder
 		// The wake below covers any release that came meanwhile.
-		s.wakeups.settle(name, err == nil)
+		s.wakeups.settle(name, err == nil && !kept)
 		if err != nil {
 			return err // waitLoop wakes the watchers
+		}
+		if kept {
+			continue
 		}
 		// A release unlocks the lock before the mark. A session that
 		// ended frees its locks one lock partition after another, so its
@@ -296,7 +325,15 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		s.freed[name] = freeing{pid: *holder, at: time.Now()}
 		s.smu.Unlock()
 		owed, gone, wokeFor = false, *holder, *holder
+		taken := now != 0 && now != *holder
 		s.wakeFor(name, h, taken)
+		if taken {
+			// Granted already, and no candidate woken: wait on the new
+			// holder's mark at once, rather than look (a read of
+			// pg_locks, in every follower process, at every handover).
+			next = now
+			continue
+		}
 		// Stay out of the way of the candidates just woken, whose
 		// statements the winner's waits behind on a busy server: look
 		// again at the next grant's notification, or after markLook. (A
@@ -333,10 +370,8 @@ func (s *AdvisoryStore) wakeFor(name string, h *handoff, taken bool) {
 }
 
 // awaitMark waits until the backend of PID holder lets go of its mark,
-// and returns, read in the same round trip once it has, the reservation
-// of name's lease if it was handed over (nil if not): a holder's release
-// clears (and reserves) the row before it unlocks.
-func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name string, holder int32) (h *handoff, taken bool, err error) {
+// and returns what awaitGoing does.
+func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name string, holder int32) (h *handoff, now int32, err error) {
 	return s.awaitGoing(ctx, conn, name, holder,
 		"SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", holder)
 }
@@ -344,16 +379,17 @@ func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name stri
 // awaitGoing runs wait, with arg, which returns once the backend of PID
 // holder has let go of a lock (its mark, or the lease's lock), and
 // returns, read in the same round trip once it has, the reservation of
-// name's lease if it was handed over (nil if not), or taken if the row
-// names another backend than holder, one that holds the lease's lock
-// now: a holder's release clears (and reserves) the row before it
-// unlocks. On the lease's lock, the wait ends when whoever holds it then
-// lets go, which may be a later holder than holder.
+// name's lease if it was handed over (nil if not), and now, the PID of
+// the backend that the row names as its holder if that backend holds the
+// lease's lock now (0 otherwise). A now other than holder means the lease
+// was taken already: a holder's release clears (and reserves) the row
+// before it unlocks. On the lease's lock, the wait ends when whoever
+// holds it then lets go, which may be a later holder than holder.
 //
 // Each lock wait lasts s.waitSlice at most (its transaction's
 // lock_timeout, set back to none before the read), and the next round
 // trip waits again, with a snapshot of its own: see waitSlice.
-func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name string, holder int32, wait string, arg any) (h *handoff, taken bool, err error) {
+func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name string, holder int32, wait string, arg any) (h *handoff, now int32, err error) {
 	hi, lo := keyHalves(s.Key(name))
 	slice := strconv.FormatInt(max(s.waitSlice.Milliseconds(), 1), 10)
 	for {
@@ -368,7 +404,7 @@ func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name str
 			_, err = br.Exec()
 			if sqlState(err) == "55P03" && ctx.Err() == nil { // lock_not_available: the slice is over
 				if err := br.Close(); err != nil && sqlState(err) != "55P03" {
-					return nil, false, err
+					return nil, 0, err
 				}
 				continue
 			}
@@ -379,22 +415,22 @@ func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name str
 		var (
 			token *string
 			left  int64  // microseconds
-			now   *int32 // the backend the row names as its holder
+			holds *int32 // the backend the row names as its holder, if it holds the lock
 		)
 		if err == nil {
-			err = br.QueryRow().Scan(&token, &left, &now)
+			err = br.QueryRow().Scan(&token, &left, &holds)
 		}
 		read := time.Now()
 		err = errors.Join(err, br.Close())
 		switch {
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
-			return nil, false, err
-		case now != nil && *now != holder:
-			return nil, true, nil
+			return nil, 0, err
+		case holds != nil:
+			return nil, *holds, nil
 		case token == nil || *token == "" || left <= 0:
-			return nil, false, nil
+			return nil, 0, nil
 		}
-		return &handoff{token: *token, until: read.Add(time.Duration(left) * time.Microsecond)}, false, nil
+		return &handoff{token: *token, until: read.Add(time.Duration(left) * time.Microsecond)}, 0, nil
 	}
 }
 
