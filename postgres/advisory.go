@@ -120,9 +120,11 @@ import (
 // the mark is freed, the lease taken already (a handover's successor, or
 // the candidate a release named, was granted first) wakes no one, and
 // waits on the new holder's mark at once, without a look: the row it
-// reads in the same round trip names that holder, seen holding the lock.
-// Should that holder let go of its mark and not of the lock (a store of
-// an older version), the lock waiter looks then, and wakes no one. A refused candidate
+// reads in the same round trip names that holder, whose grant took its
+// mark before the row was committed. Should that mark be free while the
+// row still names that holder (its session ended, or it is a store of an
+// older version, without a mark), the lock waiter looks then, and wakes
+// the watchers only if the lock is free. A refused candidate
 // is told the holder from the row, checked by a try of the holder's mark
 // rather than read from the lock view, for the same reason. Notifications
 // keep out of the way too: every listener's backend and process wakes at

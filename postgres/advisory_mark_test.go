@@ -1205,3 +1205,35 @@ func TestAdvisoryLockWaiterLooksAtAnUnmarkedSuccessor(t *testing.T) {
 	mustRelease(t, successors, name, bob, next.Term)
 	waitWake(t, ch, "at the unmarked successor's release")
 }
+
+// TestAdvisoryLockWaiterWakesWhenAFollowedSuccessorGoes checks that a
+// lock waiter that waits on a successor's mark without a look (see
+// TestAdvisoryLockWaiterFollowsTheSuccessor) wakes the watchers when the
+// successor's session ends without a release: its mark is freed, the row
+// still names it, and the look that follows finds the lock free.
+func TestAdvisoryLockWaiterWakesWhenAFollowedSuccessorGoes(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{})
+	successors := setupAdvisory(t, pool, Options{})
+	watchers := setupAdvisory(t, pool, Options{})
+	watchers.waiterPoll = time.Hour // the wake-up must not be the poll's
+	const name = "followed-successor-goes"
+	key := holders.Key(name)
+	ch := watchers.watchFreeSettled(t, name)
+	alice, bob := candidate("alice"), candidate("bob")
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	_, nextPID := successorGranted(t, holders, successors, name, alice, held.Term, bob, nil)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's mark", func() bool {
+		return requests(t, pool, key, nextPID).markSharedWaiting == 1
+	})
+	drain(ch)
+	if _, err := pool.Exec(callCtx(t), "SELECT pg_terminate_backend($1)", nextPID); err != nil {
+		t.Fatal(err)
+	}
+	waitWake(t, ch, "after the followed successor's session ended")
+}
