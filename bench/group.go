@@ -35,9 +35,11 @@ type member struct {
 	counts                                     counts
 	exited                                     bool
 
-	// Ours: its priority; its campaigns enlisted as candidates; its
-	// losses; when it read the last transfer command; the outcomes of
-	// its transfers, and the last one.
+	// Ours: its priority; the times its current campaign was enlisted as
+	// a candidate (0 again when it stops: a stop's release removes its
+	// entry, and a transfer to it would be refused until it enlists
+	// again); its losses; when it read the last transfer command; the
+	// outcomes of its transfers, and the last one.
 	priority          int
 	enlisted, demoted int
 	lastTransferCmdT  int64
@@ -170,6 +172,7 @@ func (g *group) apply(me memberEvent) {
 		g.record(m, false, ev.T, "")
 	case "stopping":
 		m.stopping++
+		m.enlisted = 0
 		m.lastStoppingT = ev.T
 	case "stopped":
 		m.stopped++
