@@ -116,17 +116,18 @@ import (
 // is woken once per handover.
 // Having woken them, a lock waiter looks at the lock again only at the next
 // grant's notification, or 20 ms later: a look reads the server's lock
-// view, which would slow the candidates' statements. One that finds, as
-// the mark is freed, the lease taken already (a handover's successor, or
-// the candidate a release named, was granted first) wakes no one, and
-// waits on the new holder's mark at once, without a look: the row it
-// reads in the same round trip names that holder, whose grant took its
-// mark before the row was committed. Should that mark be free while the
-// row still names that holder (its session ended, or it is a store of an
-// older version, without a mark), the lock waiter looks then, and wakes
-// the watchers only if the lock is free. A refused candidate
+// view, which would slow the candidates' statements. A refused candidate
 // is told the holder from the row, checked by a try of the holder's mark
-// rather than read from the lock view, for the same reason. Notifications
+// rather than read from the lock view, for the same reason. A lock
+// waiter that finds, as the mark is freed, the lease taken already (a
+// handover's successor, or the candidate a release named, was granted
+// first) wakes no one, and waits on the new holder's mark at once,
+// without a look: the read in the same round trip saw the row name that
+// holder and that holder hold the lock, and its grant took its mark
+// before the row was committed. Should that mark be free while the holder
+// still holds the lock (a store of an older version, without a mark),
+// the lock waiter looks then, waking no one, and waits on the lock
+// itself. Notifications
 // keep out of the way too: every listener's backend and process wakes at
 // one, so the holder sends the notification of its release once the
 // release and unlock have their replies, and the new holder that of its

@@ -1116,6 +1116,12 @@ func handOverKeepingTheMark(t *testing.T, holders *AdvisoryStore, name string, f
 func successorGranted(t *testing.T, holders, successors *AdvisoryStore, name string, alice leader.Candidate, term uint64, bob leader.Candidate, meanwhile func()) (leader.Lease, int32) {
 	t.Helper()
 	done := handOverKeepingTheMark(t, holders, name, alice, term, bob, 2*time.Second)
+	// Alice's lock is freed after her row is: once it is, bob's grant
+	// finds the row reserved for him.
+	key := holders.Key(name)
+	electortest.Eventually(t, 10*time.Second, "the lease's lock freed", func() bool {
+		return requests(t, holders.pool, key, 0).lockExclusive == 0
+	})
 	held := mustGrant(t, successors, name, bob, time.Minute)
 	pid := successors.holderPID(t, name)
 	if meanwhile != nil {
@@ -1175,8 +1181,8 @@ func TestAdvisoryLockWaiterFollowsTheSuccessor(t *testing.T) {
 // waiter that waits on a successor's mark without a look (see
 // TestAdvisoryLockWaiterFollowsTheSuccessor), and finds that the
 // successor holds the lease's lock without its mark (a store of an older
-// version, or a stray session holds the mark), wakes no watcher, looks,
-// and waits on the lease's lock itself, whose release wakes them.
+// version), wakes no watcher, looks, and waits on the lease's lock
+// itself, whose release wakes them.
 func TestAdvisoryLockWaiterLooksAtAnUnmarkedSuccessor(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)

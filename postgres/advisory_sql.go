@@ -490,19 +490,21 @@ SELECT true, (SELECT count(*) FROM disarmed)`,
 		observe: observeRow(table, "$1", "$2", "$3"),
 
 		// Reserved, what a lock waiter reads as a holder lets go of its
-		// mark (or of the lease's lock): $1 name. The token that the
-		// name's released lease is reserved for, and how long it stays
-		// reserved, in microseconds on the server's clock (NULL and 0 if
-		// it is not reserved), and the backend that the row names as its
-		// holder (NULL if none: when it is another backend than the one
-		// that let go, the lease has been granted already, as a prepared
-		// handover's successor's is); no row if the name has none. It
-		// reads the row alone, not the server's lock view (see
-		// awaitGoing).
+		// mark (or of the lease's lock): $1 name, $2 and $3 the key's
+		// halves. The token that the name's released lease is reserved
+		// for, and how long it stays reserved, in microseconds on the
+		// server's clock (NULL and 0 if it is not reserved), and the
+		// backend that the row names as its holder if that backend holds
+		// the lock now (NULL otherwise: when it is another backend than
+		// the one that let go, the lease has been granted already, as a
+		// prepared handover's successor's is); no row if the name has
+		// none. The row alone would not do: it may name a backend that
+		// is gone, or one of an earlier server (after a failover, every
+		// row does), whose PID a live backend may have now.
 		reserved: fill(`SELECT CASE WHEN a.holder_token IS NULL AND a.reserved_until > clock_timestamp() THEN a.successor_token END,
 	CASE WHEN a.holder_token IS NULL AND a.reserved_until > clock_timestamp()
 		THEN (extract(epoch FROM a.reserved_until - clock_timestamp()) * 1000000)::bigint ELSE 0 END,
-	CASE WHEN a.holder_token IS NOT NULL THEN a.holder_pid END
+	CASE WHEN a.holder_token IS NOT NULL AND EXISTS (` + heldBy("$2", "$3") + ` AND l.pid = a.holder_pid) THEN a.holder_pid END
 FROM {t} AS a
 WHERE a.name = $1`),
 

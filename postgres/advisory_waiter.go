@@ -214,10 +214,12 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 	var gone, wokeFor int32
 	// next is the backend that the last wait found granted the lease as
 	// its predecessor let go (a handover's successor, or a named
-	// candidate's grant): the next wait is on its mark, without a look.
-	// Its grant took the mark before its row was committed; if it has
-	// gone since, its mark is free, the wait on it ends at once with the
-	// row still naming it, and a look follows (see kept below).
+	// candidate's grant), seen holding the lock: the next wait is on its
+	// mark, without a look. Its grant took the mark before its row was
+	// committed; if it has gone since, its mark is free and the wait on
+	// it ends at once, as at any going. (A stray session that holds the
+	// same two keys as its mark would make that wait last until it lets
+	// go; a look would have waited on the lock itself.)
 	var next int32
 	for {
 		select {
@@ -298,11 +300,12 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		s.wakeups.expect(name, uint32(*holder))
 		h, now, err := s.awaitMark(ctx, conn, name, *holder)
 		// A holder waited on without a look whose mark was free while
-		// the row still names it has gone (its session ended, before or
-		// during the wait), or has no mark (a store of an older
-		// version): look, without waking anyone yet. The look finds the
-		// lock free and wakes the watchers (owed), or waits on the lock
-		// itself.
+		// it still holds the lock has no mark (a store of an older
+		// version), or its session ended and its lock outlasts its mark
+		// for a moment, or it let go and was granted again: look,
+		// without waking anyone yet. The look finds the lock free and
+		// wakes the watchers (owed), or waits on the lock itself, whose
+		// freeing wakes them.
 		kept := hinted && now == *holder
 		// The wake below covers any release that came meanwhile.
 		s.wakeups.settle(name, err == nil && !kept)
@@ -378,27 +381,25 @@ func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name stri
 // holder has let go of a lock (its mark, or the lease's lock), and
 // returns, read in the same round trip once it has, the reservation of
 // name's lease if it was handed over (nil if not), and now, the PID of
-// the backend that the row names as its holder (0 if none). A now other
-// than holder means the lease was taken already: a holder's release
-// clears (and reserves) the row before it unlocks, and a grant takes the
-// lock and the mark before its row is committed. The read is of the row
-// alone, not of the server's lock view, which would cost every follower
-// process's backend more than the successor's grant at every handover:
-// whether that holder still holds the lock is learnt by waiting on its
-// mark next (see waitOn). On the lease's lock, the wait ends when whoever
-// holds it then lets go, which may be a later holder than holder.
+// the backend that the row names as its holder if that backend holds the
+// lease's lock now (0 otherwise). A now other than holder means the lease
+// was taken already: a holder's release clears (and reserves) the row
+// before it unlocks, and a grant takes the lock and its mark before its
+// row is committed. On the lease's lock, the wait ends when whoever holds
+// it then lets go, which may be a later holder than holder.
 //
 // Each lock wait lasts s.waitSlice at most (its transaction's
 // lock_timeout, set back to none before the read), and the next round
 // trip waits again, with a snapshot of its own: see waitSlice.
 func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name string, holder int32, wait string, arg any) (h *handoff, now int32, err error) {
+	hi, lo := keyHalves(s.Key(name))
 	slice := strconv.FormatInt(max(s.waitSlice.Milliseconds(), 1), 10)
 	for {
 		var b pgx.Batch
 		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, slice)
 		b.Queue(wait, arg)
 		b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
-		b.Queue(s.sql.reserved, name)
+		b.Queue(s.sql.reserved, name, hi, lo)
 		br := conn.SendBatch(ctx, &b)
 		_, err = br.Exec()
 		if err == nil {
@@ -416,7 +417,7 @@ func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name str
 		var (
 			token *string
 			left  int64  // microseconds
-			holds *int32 // the backend the row names as its holder
+			holds *int32 // the backend the row names as its holder, if it holds the lock
 		)
 		if err == nil {
 			err = br.QueryRow().Scan(&token, &left, &holds)
