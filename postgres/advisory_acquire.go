@@ -370,10 +370,10 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 			s.log.Debug("holding the lock without its mark: another session holds the two-int4 advisory lock of the same keys",
 				slog.String("election", name))
 		}
-		if r.granted() && r.unreleased {
+		if unreleased, pid := r.leftUnreleased(); unreleased {
 			// Taken from a holder whose session ended without a release:
 			// give it TakeoverGrace to see that too and step down.
-			if err := sleepCtx(ctx, s.graceLeft(name, r.previousPID)); err != nil {
+			if err := sleepCtx(ctx, s.graceLeft(name, pid)); err != nil {
 				return leader.Lease{}, false, false, errors.Join(errSessionReset, err)
 			}
 		}
@@ -504,8 +504,9 @@ type grantResult struct {
 	other, curHolder          *string
 	held, locked              bool
 	remaining                 time.Duration
-	unreleased                bool   // the previous holder did not release
-	previousPID               *int32 // the previous holder's backend
+	unreleased                bool   // the snapshot shows the row naming a holder (see leftUnreleased)
+	previousPID               *int32 // the backend of the holder the snapshot shows
+	previousTerm              *int64 // the term the snapshot shows
 	marked                    bool   // the grant took the lock's mark too
 	mine                      bool   // the strategy table gives the name to this strategy
 	epochOK                   bool   // no failover grace holds grants off (see epochCTEs)
@@ -516,6 +517,31 @@ type grantResult struct {
 }
 
 func (r grantResult) granted() bool { return r.got && r.term != nil }
+
+// leftUnreleased reports whether r is a grant that took the lease from a
+// holder that did not release it: one whose session ended with the row
+// still naming it. That is the row as the grant's update found it, its
+// latest version, which the grant's reason tells (GrantExpiry: the row
+// named a holder). The statement's snapshot ("previous") can be older: a
+// release that committed after the snapshot was taken and unlocked
+// before the grant tried the lock left the row free, though the snapshot
+// shows it held; and a holder granted and gone in that time left it
+// held, though the snapshot shows it free.
+//
+// It also returns the backend PID of that holder, if the snapshot names
+// the same one: the snapshot's holder, unless a grant came after the
+// snapshot, which the term the grant bumped tells; nil otherwise. The
+// grace is counted from when that backend's mark was seen freed (see
+// graceLeft), and from now for nil.
+func (r grantResult) leftUnreleased() (bool, *int32) {
+	if !r.granted() || r.transfer.grantReason() != leader.GrantExpiry {
+		return false, nil
+	}
+	if r.unreleased && r.previousTerm != nil && *r.term == *r.previousTerm+1 {
+		return true, r.previousPID
+	}
+	return true, nil
+}
 
 // lease reports r as a leader.Lease: the grant to holderID for ttl, or the
 // lease as it stood.
@@ -563,7 +589,7 @@ func scanGrant(row pgx.Row) (grantResult, error) {
 		n int64
 	)
 	err := row.Scan(append([]any{&r.got, &r.term, &r.acquiredAt, &r.other, &n, &r.curTerm, &r.curHolder, &r.curAcquiredAt, &r.held, &r.remaining,
-		&r.locked, &r.unreleased, &r.previousPID, &r.marked, &r.mine, &r.epochOK, &r.reserved}, r.transfer.dest()...)...)
+		&r.locked, &r.unreleased, &r.previousPID, &r.previousTerm, &r.marked, &r.mine, &r.epochOK, &r.reserved}, r.transfer.dest()...)...)
 	return r, err
 }
 

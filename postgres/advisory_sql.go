@@ -181,7 +181,7 @@ WITH rs AS MATERIALIZED (
 ), other AS (
 	SELECT a.name FROM {t} AS a WHERE a.key = $2 AND a.name <> $1 LIMIT 1
 ), previous AS (
-	SELECT a.holder_token IS NOT NULL AS unreleased, a.holder_pid FROM {t} AS a WHERE a.name = $1
+	SELECT a.holder_token IS NOT NULL AS unreleased, a.holder_pid, a.term FROM {t} AS a WHERE a.name = $1
 ), granted AS (
 	INSERT INTO {t} AS a (name, key, term, holder_token, holder_id, holder_pid, ttl, acquired_at, priority, reason)
 	SELECT $1, $2, greatest(st.term_floor, ep.floor) + 1, $3, $4, pg_backend_pid(), $5::interval, clock_timestamp(), $11, ''
@@ -204,7 +204,7 @@ SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
 	(SELECT count(*) FROM armed) + (SELECT count(*) FROM durable),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
 	{locked},
-	coalesce((SELECT unreleased FROM previous), false), (SELECT holder_pid FROM previous),
+	coalesce((SELECT unreleased FROM previous), false), (SELECT holder_pid FROM previous), (SELECT term FROM previous),
 	coalesce((SELECT ok FROM marked), false), EXISTS (SELECT FROM st), (SELECT ep.ok FROM ep), EXISTS (SELECT FROM rs),
 	coalesce(g.priority, c.priority, 0), coalesce(g.reason, c.reason, ''), c.request_to, c.request_reason, c.request_left,
 	c.successor_id, c.reserved_left
@@ -297,11 +297,15 @@ func newAdvisoryStatements(opts Options) advisoryStatements {
 		// grant; its wake-up does not (see announce). "cur" is the lease as it stood
 		// when the statement began, for a refused candidate only (the
 		// server's lock and activity views cost a busy server time);
-		// "previous", with the backend PID of the last holder, says
-		// whether the last holder left without a release (see
-		// Options.TakeoverGrace). When nothing was granted, whatever
-		// refused it (the lock not taken, the lease reserved for another,
-		// a failover's grace), "enlisting" and "enlisted" enlist the
+		// "previous" is the row as the snapshot shows it: whether it
+		// names a holder, its backend PID and the term. Whether the last
+		// holder left without a release (see Options.TakeoverGrace) is
+		// told by the grant's reason instead, computed from the row as
+		// the update found it, which a release that committed after the
+		// snapshot may have freed (see grantResult.leftUnreleased).
+		// When nothing was granted, whatever refused it (the lock not
+		// taken, the lease reserved for another, a failover's grace),
+		// "enlisting" and "enlisted" enlist the
 		// candidate for EnlistFactor times the TTL, if the strategy table
 		// gives the name to the advisory strategy (see enlistCTEs); a
 		// grant writes no entry.
