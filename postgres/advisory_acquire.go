@@ -528,11 +528,12 @@ func (r grantResult) granted() bool { return r.got && r.term != nil }
 // shows it held; and a holder granted and gone in that time left it
 // held, though the snapshot shows it free.
 //
-// It also returns the backend PID of that holder, if the snapshot names
-// the same one: the snapshot's holder, unless a grant came after the
-// snapshot, which the term the grant bumped tells; nil otherwise. The
+// It also returns the backend PID of that holder, if the snapshot surely
+// names the same one: if the grant's term is the snapshot's plus one, no
+// grant came between (each bumps the term). Otherwise, a grant came after
+// the snapshot or a term floor raised the term, and it returns nil. The
 // grace is counted from when that backend's mark was seen freed (see
-// graceLeft), and from now for nil.
+// graceLeft), and from now for nil: a longer wait, never a shorter one.
 func (r grantResult) leftUnreleased() (bool, *int32) {
 	if !r.granted() || r.transfer.grantReason() != leader.GrantExpiry {
 		return false, nil

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ func rewriteRowUncommitted(t *testing.T, pool *pgxpool.Pool, name, set string, a
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { tx.Rollback(t.Context()) })
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
 	tag, err := tx.Exec(callCtx(t), "UPDATE leader_advisory SET "+set+" WHERE name = $1", append([]any{name}, args...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +36,7 @@ func rewriteRowUncommitted(t *testing.T, pool *pgxpool.Pool, name, set string, a
 // acquireAcross starts c's Acquire of name on s, whose grant statement
 // takes its snapshot while tx is open: it waits, once it has the lock,
 // for tx's row lock, and then tx commits. It returns the outcome, and how
-// long Acquire took from tx's commit.
+// long Acquire took from just before tx's commit.
 func acquireAcross(t *testing.T, pool *pgxpool.Pool, s *AdvisoryStore, name string, c leader.Candidate, tx pgx.Tx) (leader.Lease, bool, time.Duration) {
 	t.Helper()
 	type outcome struct {
@@ -61,10 +62,12 @@ func acquireAcross(t *testing.T, pool *pgxpool.Pool, s *AdvisoryStore, name stri
 		}
 		return n == 1
 	})
+	// Taken before the commit: the grant wakes as the server commits,
+	// before the commit's reply is in.
+	committed := time.Now()
 	if err := tx.Commit(callCtx(t)); err != nil {
 		t.Fatal(err)
 	}
-	committed := time.Now()
 	select {
 	case o := <-done:
 		if o.err != nil {
