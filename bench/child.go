@@ -60,7 +60,8 @@ type childSpec struct {
 // event is one line a child writes on its standard output.
 //
 //	ready     a campaign has made its first attempt (it is a follower or the leader)
-//	enlisted  ours: the campaign's first Enlist succeeded, so a leader may pick it as its successor
+//	enlisted  ours: the campaign's first Enlist succeeded, or its first since it was
+//	          demoted (whose release removed its entry), so a leader may pick it as its successor
 //	elected   this candidate became leader (T is when its OnElected equivalent ran;
 //	          ours also say why it was granted, Lease.Reason, in Reason)
 //	demoted   this candidate lost leadership while campaigning (T is OnDemoted's
@@ -204,15 +205,27 @@ func runCandidate(spec childSpec, em *emitter, logger *slog.Logger) int {
 	}
 	defer be.close()
 	campaign := func() (candidate, error) {
-		var readyOnce, enlistedOnce sync.Once
+		var readyOnce sync.Once
+		// Whether "enlisted" was sent since the campaign began or was
+		// last demoted: a leader's release removes its own entry among
+		// the candidates, so a demoted one is enlisted again only by its
+		// next attempt. The Elector makes none before OnDemoted returns.
+		var enlistedSent atomic.Bool
 		return be.newCandidate(spec.ID, hooks{
 			ready: func() { readyOnce.Do(func() { em.emit(event{Ev: "ready"}) }) },
 			elected: func(term uint64, reason string) {
 				tracef("elected %s", spec.ID)
 				em.emit(event{Ev: "elected", Term: term, Reason: reason})
 			},
-			demoted:  func() { em.emit(event{Ev: "demoted"}) },
-			enlisted: func() { enlistedOnce.Do(func() { em.emit(event{Ev: "enlisted"}) }) },
+			demoted: func() {
+				em.emit(event{Ev: "demoted"})
+				enlistedSent.Store(false)
+			},
+			enlisted: func() {
+				if enlistedSent.CompareAndSwap(false, true) {
+					em.emit(event{Ev: "enlisted"})
+				}
+			},
 		})
 	}
 	time.Sleep(spec.StartDelay.D())

@@ -36,10 +36,10 @@ type member struct {
 	exited                                     bool
 
 	// Ours: its priority; the times its current campaign was enlisted as
-	// a candidate (0 again when it stops: a stop's release removes its
-	// entry, and a transfer to it would be refused until it enlists
-	// again); its losses; when it read the last transfer command; the
-	// outcomes of its transfers, and the last one.
+	// a candidate (0 again when it stops or is demoted: a leader's
+	// release removes its entry, and a transfer to it would be refused
+	// until it enlists again); its losses; when it read the last transfer
+	// command; the outcomes of its transfers, and the last one.
 	priority          int
 	enlisted, demoted int
 	lastTransferCmdT  int64
@@ -167,6 +167,7 @@ func (g *group) apply(me memberEvent) {
 		g.record(m, true, ev.T, ev.Reason)
 	case "demoted":
 		m.demoted++
+		m.enlisted = 0
 		m.leader = false
 		m.lastDemotedT = ev.T
 		g.record(m, false, ev.T, "")

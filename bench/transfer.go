@@ -37,9 +37,14 @@ func measureTransfer(g *group, r *Result) error {
 		if err != nil {
 			return 0, err
 		}
-		to := g.nextFollower(l, last)
-		if to == nil {
-			return 0, fmt.Errorf("no follower is enlisted as a candidate: the store does not implement leader.Transferer (%s)", g.describe())
+		// A follower that led is enlisted again only by its first attempt
+		// after its release (see the event "enlisted"): wait for one.
+		var to *member
+		if err := g.waitUntil(2*g.s.Timing.TTL.D()+5*time.Second, "follower enlisted as a candidate", func() bool {
+			to = g.nextFollower(l, last)
+			return to != nil
+		}); err != nil {
+			return 0, err
 		}
 		last = to.slot
 		g.phase()
