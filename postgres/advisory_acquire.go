@@ -370,10 +370,10 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 			s.log.Debug("holding the lock without its mark: another session holds the two-int4 advisory lock of the same keys",
 				slog.String("election", name))
 		}
-		if unreleased, pid := r.leftUnreleased(); unreleased {
+		if unreleased, who := r.leftUnreleased(); unreleased {
 			// Taken from a holder whose session ended without a release:
 			// give it TakeoverGrace to see that too and step down.
-			if err := sleepCtx(ctx, s.graceLeft(name, pid)); err != nil {
+			if err := sleepCtx(ctx, s.graceLeft(name, who)); err != nil {
 				return leader.Lease{}, false, false, errors.Join(errSessionReset, err)
 			}
 		}
@@ -392,20 +392,24 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 }
 
 // graceLeft returns how much of TakeoverGrace is still to pass before a
-// grant that took name's lock from its holder of backend pid, which left
-// without a release, may be reported. The grace is counted from when
-// name's lock waiter saw that holder's mark freed, if it did so within the
-// grace, and from now otherwise. The server frees a session's locks as the
-// session ends, so the grace is never counted from before the end.
-func (s *AdvisoryStore) graceLeft(name string, pid *int32) time.Duration {
+// grant that took name's lock from its holder who (its backend and term;
+// zero if not known), which left without a release, may be reported. The
+// grace is counted from when name's lock waiter saw that holder's mark
+// freed, if it did so within the grace, and from now otherwise. The
+// server frees a session's locks as the session ends, so the grace is
+// never counted from before the end. The term tells that tenure from an
+// earlier one of the same backend (a holder that released, was granted
+// again on the same session, and went without a release): the freeing of
+// the earlier one's mark says nothing of when the later one went.
+func (s *AdvisoryStore) graceLeft(name string, who holding) time.Duration {
 	grace := s.opts.TakeoverGrace
-	if pid == nil {
+	if who.pid == 0 || who.term == 0 {
 		return grace
 	}
 	s.smu.Lock()
 	f, ok := s.freed[name]
 	s.smu.Unlock()
-	if !ok || f.pid != *pid {
+	if !ok || f.pid != who.pid || f.term != who.term {
 		return grace
 	}
 	if since := time.Since(f.at); since >= 0 && since < grace {
@@ -429,11 +433,12 @@ func (s *AdvisoryStore) lingering(name string, pid *int32) bool {
 	return ok && f.pid == *pid && time.Since(f.at) < lingerFor
 }
 
-// freeing is when a lock waiter saw the holder of backend pid free a
-// lock (see graceLeft).
+// freeing is when a lock waiter saw the holder of backend pid, under
+// term, free a lock (see graceLeft).
 type freeing struct {
-	pid int32
-	at  time.Time
+	pid  int32
+	term int64 // the holder's term, as the row named it; 0 if unknown
+	at   time.Time
 }
 
 // sleepCtx waits for d or until ctx ends, returning ctx.Err() then.
@@ -528,20 +533,21 @@ func (r grantResult) granted() bool { return r.got && r.term != nil }
 // shows it held; and a holder granted and gone in that time left it
 // held, though the snapshot shows it free.
 //
-// It also returns the backend PID of that holder, if the snapshot surely
-// names the same one: if the grant's term is the snapshot's plus one, no
-// grant came between (each bumps the term). Otherwise, a grant came after
-// the snapshot or a term floor raised the term, and it returns nil. The
-// grace is counted from when that backend's mark was seen freed (see
-// graceLeft), and from now for nil: a longer wait, never a shorter one.
-func (r grantResult) leftUnreleased() (bool, *int32) {
+// It also returns that holder, its backend and term, if the snapshot
+// surely names the same one: if the grant's term is the snapshot's plus
+// one, no grant came between (each bumps the term). Otherwise, a grant
+// came after the snapshot or a term floor raised the term, and it returns
+// the zero holding. The grace is counted from when that holder's mark
+// was seen freed (see graceLeft), and from now for the zero holding: a
+// longer wait, never a shorter one.
+func (r grantResult) leftUnreleased() (bool, holding) {
 	if !r.granted() || r.transfer.grantReason() != leader.GrantExpiry {
-		return false, nil
+		return false, holding{}
 	}
-	if r.unreleased && r.previousTerm != nil && *r.term == *r.previousTerm+1 {
-		return true, r.previousPID
+	if r.unreleased && r.previousPID != nil && r.previousTerm != nil && *r.term == *r.previousTerm+1 {
+		return true, holding{pid: *r.previousPID, term: *r.previousTerm}
 	}
-	return true, nil
+	return true, holding{}
 }
 
 // lease reports r as a leader.Lease: the grant to holderID for ttl, or the

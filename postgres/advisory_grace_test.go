@@ -144,3 +144,57 @@ func TestAdvisoryGraceFollowsTheRowTheGrantTakes(t *testing.T) {
 		}
 	})
 }
+
+// TestAdvisoryGraceCountsFromTheHoldersOwnTenure checks that the grace
+// after a holder that left without a release is shortened by the lock
+// waiter's sighting of that holder's mark freed only if the sighting is
+// of the same tenure: the same backend under the same term. A holder that
+// releases and is granted again on the same session keeps its backend; a
+// sighting of its first tenure's end says nothing of when the second one
+// ended. The sighting is set by hand, as the lock waiter would have
+// recorded it, a while before the second tenure ends.
+func TestAdvisoryGraceCountsFromTheHoldersOwnTenure(t *testing.T) {
+	t.Parallel()
+	const grace = 3 * time.Second
+	pool := pgtest.NewPool(t)
+	run := func(t *testing.T, name string, sightedTerm func(first, second uint64) uint64) time.Duration {
+		holders := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+		others := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+		alice, bob := candidate("alice"), candidate("bob")
+		first := mustGrant(t, holders, name, alice, time.Minute)
+		pid := holders.holderPID(t, name)
+		if err := holders.Release(callCtx(t), name, alice.Token, first.Term); err != nil {
+			t.Fatal(err)
+		}
+		second := mustGrant(t, holders, name, alice, time.Minute)
+		if again := holders.holderPID(t, name); again != pid {
+			t.Fatalf("granted again on backend %d, not on the first grant's %d", again, pid)
+		}
+		others.smu.Lock()
+		others.freed[name] = freeing{pid: pid, term: int64(sightedTerm(first.Term, second.Term)), at: time.Now().Add(-grace / 2)}
+		others.smu.Unlock()
+		holders.cutConnection(t, name)
+		electortest.Eventually(t, 20*time.Second, "alice's lock freed", func() bool {
+			return requests(t, pool, holders.Key(name), pid).lockExclusive == 0
+		})
+		start := time.Now()
+		l, granted := mustAcquire(t, others, name, bob, time.Minute)
+		took := time.Since(start)
+		if !granted || l.Term != second.Term+1 || l.Reason != leader.GrantExpiry {
+			t.Fatalf("Acquire: %+v granted %v; want granted with term %d, reason %q", l, granted, second.Term+1, leader.GrantExpiry)
+		}
+		return took
+	}
+	t.Run("an earlier tenure's end", func(t *testing.T) {
+		took := run(t, "grace-earlier", func(first, _ uint64) uint64 { return first })
+		if took < grace {
+			t.Errorf("Acquire took %v; want the whole TakeoverGrace (%v): the sighting was of the holder's earlier tenure", took, grace)
+		}
+	})
+	t.Run("this tenure's end", func(t *testing.T) {
+		took := run(t, "grace-this", func(_, second uint64) uint64 { return second })
+		if took > grace*9/10 {
+			t.Errorf("Acquire took %v; want what is left of the TakeoverGrace (%v) since the sighting, %v before", took, grace, grace/2)
+		}
+	})
+}

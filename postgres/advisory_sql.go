@@ -504,21 +504,25 @@ SELECT true, (SELECT count(*) FROM disarmed)`,
 		// prepared handover's successor's is); no row if the name has
 		// none. The row alone would not do: it may name a backend that
 		// is gone, or one of an earlier server (after a failover, every
-		// row does), whose PID a live backend may have now.
+		// row does), whose PID a live backend may have now. Then, with
+		// that backend, the row's term.
 		reserved: fill(`SELECT CASE WHEN a.holder_token IS NULL AND a.reserved_until > clock_timestamp() THEN a.successor_token END,
 	CASE WHEN a.holder_token IS NULL AND a.reserved_until > clock_timestamp()
 		THEN (extract(epoch FROM a.reserved_until - clock_timestamp()) * 1000000)::bigint ELSE 0 END,
-	CASE WHEN a.holder_token IS NOT NULL AND EXISTS (` + heldBy("$2", "$3") + ` AND l.pid = a.holder_pid) THEN a.holder_pid END
+	h.pid, CASE WHEN h.pid IS NOT NULL THEN a.term END
 FROM {t} AS a
+CROSS JOIN LATERAL (SELECT CASE WHEN a.holder_token IS NOT NULL AND EXISTS (` + heldBy("$2", "$3") + ` AND l.pid = a.holder_pid) THEN a.holder_pid END) AS h(pid)
 WHERE a.name = $1`),
 
 		// Waiter, a lock waiter's look: $1 and $2 the key's halves, $3
 		// the name. The PID of the lock's holder (NULL if it is free),
 		// whether the holder holds its mark too, and the backend that the
-		// name's row names as its holder (NULL if none).
-		waiter: fill(`WITH k AS MATERIALIZED (` + heldBy("$1", "$2") + ` LIMIT 1)
+		// name's row names as its holder and the row's term (NULL if it
+		// names none).
+		waiter: fill(`WITH k AS MATERIALIZED (` + heldBy("$1", "$2") + ` LIMIT 1),
+r AS (SELECT a.holder_pid, a.term FROM {t} AS a WHERE a.name = $3 AND a.holder_token IS NOT NULL)
 SELECT (SELECT k.pid FROM k), EXISTS (SELECT FROM k WHERE EXISTS (` + markedBy("k.pid") + `)),
-	(SELECT a.holder_pid FROM {t} AS a WHERE a.name = $3 AND a.holder_token IS NOT NULL)`),
+	(SELECT r.holder_pid FROM r), (SELECT r.term FROM r)`),
 
 		// Held here: whether this session holds the lock; $1 and $2 the
 		// key's halves.

@@ -220,7 +220,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 	// it ends at once, as at any going. (A stray session that holds the
 	// same two keys as its mark would make that wait last until it lets
 	// go; a look would have waited on the lock itself.)
-	var next int32
+	var next holding
 	for {
 		select {
 		case <-sub: // about to look anyway
@@ -230,13 +230,14 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			holder    *int32 // the PID of the lock's holder, if it is held
 			marked    bool   // whether the holder holds its mark
 			rowHolder *int32 // the backend the row names, if it has a holder
+			rowTerm   *int64 // the row's term, with rowHolder
 		)
-		hinted := next != 0
+		hinted := next.pid != 0
 		if hinted {
-			n := next
-			holder, marked, rowHolder, next = &n, true, &n, 0
+			n, t := next.pid, next.term
+			holder, marked, rowHolder, rowTerm, next = &n, true, &n, &t, holding{}
 		} else {
-			if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&holder, &marked, &rowHolder); err != nil {
+			if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&holder, &marked, &rowHolder, &rowTerm); err != nil {
 				return err // waitLoop wakes the watchers
 			}
 			ready() // the session looks: it got going (see sessionLoop)
@@ -290,7 +291,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 				return err // waitLoop wakes the watchers
 			}
 			owed = false
-			taken := now != 0 && now != *holder
+			taken := now.pid != 0 && now.pid != *holder
 			s.wakeFor(name, h, taken)
 			if taken {
 				next = now
@@ -306,7 +307,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		// without waking anyone yet. The look finds the lock free and
 		// wakes the watchers (owed), or waits on the lock itself, whose
 		// freeing wakes them.
-		kept := hinted && now == *holder
+		kept := hinted && now.pid == *holder
 		// The wake below covers any release that came meanwhile.
 		s.wakeups.settle(name, err == nil && !kept)
 		if err != nil {
@@ -322,11 +323,17 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		// (see lingering), and this lock waiter's next look wakes the
 		// watchers again if it finds the lock held (owed), or free with
 		// the row still naming that backend (gone).
+		// The term tells this holder's tenure from an earlier one of the
+		// same backend (see graceLeft); 0 if the row did not name it.
+		f := freeing{pid: *holder, at: time.Now()}
+		if rowHolder != nil && *rowHolder == *holder && rowTerm != nil {
+			f.term = *rowTerm
+		}
 		s.smu.Lock()
-		s.freed[name] = freeing{pid: *holder, at: time.Now()}
+		s.freed[name] = f
 		s.smu.Unlock()
 		owed, gone, wokeFor = false, *holder, *holder
-		taken := now != 0 && now != *holder
+		taken := now.pid != 0 && now.pid != *holder
 		s.wakeFor(name, h, taken)
 		if taken {
 			// Granted already, and no candidate woken: wait on the new
@@ -372,7 +379,7 @@ func (s *AdvisoryStore) wakeFor(name string, h *handoff, taken bool) {
 
 // awaitMark waits until the backend of PID holder lets go of its mark,
 // and returns what awaitGoing does.
-func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name string, holder int32) (h *handoff, now int32, err error) {
+func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name string, holder int32) (h *handoff, now holding, err error) {
 	return s.awaitGoing(ctx, conn, name, holder,
 		"SELECT pg_advisory_lock_shared("+markClass+", $1), pg_advisory_unlock_shared("+markClass+", $1)", holder)
 }
@@ -380,9 +387,9 @@ func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name stri
 // awaitGoing runs wait, with arg, which returns once the backend of PID
 // holder has let go of a lock (its mark, or the lease's lock), and
 // returns, read in the same round trip once it has, the reservation of
-// name's lease if it was handed over (nil if not), and now, the PID of
-// the backend that the row names as its holder if that backend holds the
-// lease's lock now (0 otherwise). A now other than holder means the lease
+// name's lease if it was handed over (nil if not), and now: the backend
+// that the row names as its holder, with the row's term, if that backend
+// holds the lease's lock now (zero otherwise). A now.pid other than holder means the lease
 // was taken already: a holder's release clears (and reserves) the row
 // before it unlocks, and a grant takes the lock and its mark before its
 // row is committed. On the lease's lock, the wait ends when whoever holds
@@ -391,7 +398,7 @@ func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name stri
 // Each lock wait lasts s.waitSlice at most (its transaction's
 // lock_timeout, set back to none before the read), and the next round
 // trip waits again, with a snapshot of its own: see waitSlice.
-func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name string, holder int32, wait string, arg any) (h *handoff, now int32, err error) {
+func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name string, holder int32, wait string, arg any) (h *handoff, now holding, err error) {
 	hi, lo := keyHalves(s.Key(name))
 	slice := strconv.FormatInt(max(s.waitSlice.Milliseconds(), 1), 10)
 	for {
@@ -406,7 +413,7 @@ func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name str
 			_, err = br.Exec()
 			if sqlState(err) == "55P03" && ctx.Err() == nil { // lock_not_available: the slice is over
 				if err := br.Close(); err != nil && sqlState(err) != "55P03" {
-					return nil, 0, err
+					return nil, holding{}, err
 				}
 				continue
 			}
@@ -418,22 +425,34 @@ func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name str
 			token *string
 			left  int64  // microseconds
 			holds *int32 // the backend the row names as its holder, if it holds the lock
+			term  *int64 // the row's term, with holds
 		)
 		if err == nil {
-			err = br.QueryRow().Scan(&token, &left, &holds)
+			err = br.QueryRow().Scan(&token, &left, &holds, &term)
 		}
 		read := time.Now()
 		err = errors.Join(err, br.Close())
 		switch {
 		case err != nil && !errors.Is(err, pgx.ErrNoRows):
-			return nil, 0, err
+			return nil, holding{}, err
 		case holds != nil:
-			return nil, *holds, nil
+			h := holding{pid: *holds}
+			if term != nil {
+				h.term = *term
+			}
+			return nil, h, nil
 		case token == nil || *token == "" || left <= 0:
-			return nil, 0, nil
+			return nil, holding{}, nil
 		}
-		return &handoff{token: *token, until: read.Add(time.Duration(left) * time.Microsecond)}, 0, nil
+		return &handoff{token: *token, until: read.Add(time.Duration(left) * time.Microsecond)}, holding{}, nil
 	}
+}
+
+// holding is a backend that holds a lease's lock, named by the lease's
+// row, and the row's term (0 if not known).
+type holding struct {
+	pid  int32
+	term int64
 }
 
 // awaitEvent waits for a value on sub, or for d, or until ctx ends,
