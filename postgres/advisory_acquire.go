@@ -435,6 +435,20 @@ func (s *AdvisoryStore) lingering(name string, pid *int32) bool {
 
 // freeing is when a lock waiter saw the holder of backend pid, under
 // term, free a lock (see graceLeft).
+//
+// The term is never newer than the tenure whose freeing was seen, so that
+// a sighting can only ever lengthen a grace, never shorten it wrongly. The
+// lock waiter reads the row (its holder and term) and pg_locks (who holds
+// the lock and the mark) in one statement, whose snapshot is taken before
+// its read of pg_locks; a grant takes the mark before its row commits. So a
+// row that names a backend under term T in the snapshot was committed by
+// a grant whose mark was taken before pg_locks was read: the mark then
+// waited on is of tenure T or of a later one of the same backend (granted
+// again between the snapshot and the read). A later tenure recorded under
+// T matches no grant's snapshot of it (see leftUnreleased), and the whole
+// grace is waited. The same holds of the term read with a handover
+// (awaitGoing's now), from which the next wait follows the successor
+// without a look.
 type freeing struct {
 	pid  int32
 	term int64 // the holder's term, as the row named it; 0 if unknown

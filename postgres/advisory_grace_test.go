@@ -198,3 +198,61 @@ func TestAdvisoryGraceCountsFromTheHoldersOwnTenure(t *testing.T) {
 		}
 	})
 }
+
+// TestAdvisoryGraceCountsFromAFollowedSuccessorsFreeing checks that a
+// lock waiter that follows a handover's successor without a look (see
+// TestAdvisoryLockWaiterFollowsTheSuccessor) records that successor's
+// tenure, read with the handover, when its mark is freed: a candidate
+// that comes late after the successor's session ended waits only the
+// rest of TakeoverGrace. Had the lock waiter recorded no term, or the
+// predecessor's, the sighting would not count and the candidate would
+// wait all of it.
+func TestAdvisoryGraceCountsFromAFollowedSuccessorsFreeing(t *testing.T) {
+	t.Parallel()
+	// As in TestAdvisoryGraceCountsFromTheFreeing: the candidate comes 3 s
+	// into a 5 s grace.
+	const (
+		grace = 5 * time.Second
+		late  = 3 * time.Second
+	)
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	successors := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	watchers := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	const name = "grace-followed"
+	key := holders.Key(name)
+	ch := watchers.watchFreeSettled(t, name)
+	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	next, nextPID := successorGranted(t, holders, successors, name, alice, held.Term, bob, nil)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's mark", func() bool {
+		return requests(t, pool, key, nextPID).markSharedWaiting == 1
+	})
+	drain(ch)
+	cut := time.Now()
+	successors.cutConnection(t, name)
+	waitWake(t, ch, "after the followed successor's connection was cut")
+	watchers.smu.Lock()
+	f := watchers.freed[name]
+	watchers.smu.Unlock()
+	if f.pid != nextPID || f.term != int64(next.Term) {
+		t.Fatalf("the lock waiter recorded the freeing of backend %d under term %d; want the successor's, backend %d under term %d", f.pid, f.term, nextPID, next.Term)
+	}
+	time.Sleep(late) // the candidate comes late, not a wait for something
+	start := time.Now()
+	l, granted := mustAcquire(t, watchers, name, carol, time.Minute)
+	end := time.Now()
+	if !granted || l.Term != next.Term+1 || l.Reason != leader.GrantExpiry {
+		t.Fatalf("Acquire: %+v granted %v; want granted with term %d, reason %q", l, granted, next.Term+1, leader.GrantExpiry)
+	}
+	if since := end.Sub(cut); since < grace {
+		t.Errorf("granted %v after the successor's connection was cut; want at least the TakeoverGrace (%v)", since, grace)
+	}
+	if took := end.Sub(start); took > grace*9/10 {
+		t.Errorf("Acquire took %v, %v after the lock waiter saw the successor's mark freed; want the rest of the TakeoverGrace (%v) only", took, start.Sub(cut), grace)
+	}
+}

@@ -389,10 +389,10 @@ func (s *AdvisoryStore) awaitMark(ctx context.Context, conn *pgx.Conn, name stri
 // returns, read in the same round trip once it has, the reservation of
 // name's lease if it was handed over (nil if not), and now: the backend
 // that the row names as its holder, with the row's term, if that backend
-// holds the lease's lock now (zero otherwise). A now.pid other than holder means the lease
-// was taken already: a holder's release clears (and reserves) the row
-// before it unlocks, and a grant takes the lock and its mark before its
-// row is committed. On the lease's lock, the wait ends when whoever holds
+// holds the lease's lock now (zero otherwise). A now.pid other than
+// holder means the lease was taken already: a holder's release clears
+// (and reserves) the row before it unlocks, and a grant takes the lock
+// and its mark before its row is committed. On the lease's lock, the wait ends when whoever holds
 // it then lets go, which may be a later holder than holder.
 //
 // Each lock wait lasts s.waitSlice at most (its transaction's
@@ -448,8 +448,9 @@ func (s *AdvisoryStore) awaitGoing(ctx context.Context, conn *pgx.Conn, name str
 	}
 }
 
-// holding is a backend that holds a lease's lock, named by the lease's
-// row, and the row's term (0 if not known).
+// holding is a backend named by a lease's row as its holder, and the row's
+// term (0 if not known): one that holds the lease's lock (awaitGoing's
+// now), or one that left without a release (grantResult.leftUnreleased).
 type holding struct {
 	pid  int32
 	term int64

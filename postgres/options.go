@@ -120,10 +120,10 @@ type Options struct {
 	// learns from the same event, so it needs far less). It is counted
 	// from when the store's lock waiter saw that holder's mark freed (the
 	// same backend under the same term), if it did (which is after the
-	// server freed it), and otherwise from the grant. Whether the holder left without a release is read from the
-	// row as the grant's update finds it.
-	// The advisory strategy only. Default DefaultTakeoverGrace (50ms); at
-	// least 0.
+	// server freed it), and otherwise from the grant. Whether the holder
+	// left without a release is read from the row as the grant's update
+	// finds it. The advisory strategy only. Default DefaultTakeoverGrace
+	// (50ms); at least 0.
 	TakeoverGrace time.Duration
 
 	// MaxConns is how many connections of its own each LeaseStore and
