@@ -37,6 +37,7 @@ func TestSmoke(t *testing.T) {
 	p.idleN, p.idleNAdvisory = 10, 5
 	p.scaleNames, p.scaleNamesWindow = 500, 8*time.Second
 	p.scaleProcs, p.scaleProcNames, p.scaleProcsWindow = 5, 10, 8*time.Second
+	p.floorTrials = 5
 	out := filepath.Join(t.TempDir(), "results.json")
 	o := options{out: out, databaseURL: os.Getenv("LEADER_TEST_DATABASE_URL")}
 	var stdout, stderr bytes.Buffer
@@ -76,6 +77,12 @@ func TestSmoke(t *testing.T) {
 			for i, d := range r.Deploys {
 				if !d.exactlyOnce() {
 					t.Errorf("%s: deploy %d did not move leadership exactly once, to the new release: %+v", r.Setup, i, d)
+				}
+			}
+		case scFloor:
+			for _, series := range []string{seriesRoundTrip, seriesLockWake, seriesHandover} {
+				if n := len(r.SeriesMs[series]); n != p.floorTrials {
+					t.Errorf("%s: %d of %d trials of %s measured", r.Setup, n, p.floorTrials, series)
 				}
 			}
 		case scLoad:
@@ -132,10 +139,13 @@ func TestSmoke(t *testing.T) {
 	if !strings.Contains(stdout.String(), "| leader, etcd store |") {
 		t.Errorf("the markdown has no row for %s", kindLeaderEtcd)
 	}
+	if !seen["postgres "+scFloor] {
+		t.Errorf("no floor result")
+	}
 	if !seen[kindAdvisory+" "+scBlackHole] {
 		t.Errorf("no black-hole result for the advisory strategy")
 	}
-	for _, heading := range []string{"### Handover and takeover", "### Handing over on purpose", "### Steady-state load", "### Idle followers", "### Scale: many names", "### Scale: many processes", "### Targets"} {
+	for _, heading := range []string{"### Handover and takeover", "### Handing over on purpose", "### Steady-state load", "### Idle followers", "### Scale: many names", "### Scale: many processes", "### The floor", "### Targets"} {
 		if !strings.Contains(stdout.String(), heading) {
 			t.Errorf("the markdown has no %q table", heading)
 		}

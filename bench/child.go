@@ -218,6 +218,7 @@ func runCandidate(spec childSpec, em *emitter, logger *slog.Logger) int {
 				em.emit(event{Ev: "elected", Term: term, Reason: reason})
 			},
 			demoted: func() {
+				tracef("demoted %s", spec.ID)
 				em.emit(event{Ev: "demoted"})
 				enlistedSent.Store(false)
 			},

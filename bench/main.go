@@ -78,6 +78,8 @@ type options struct {
 	noDefaults  bool
 	noIdle      bool
 	noHerd      bool
+	noFloor     bool
+	floor       int
 	idleN       int
 	idleNAdv    int
 	herdN       int
@@ -107,6 +109,8 @@ func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 	fs.BoolVar(&o.noDefaults, "no-defaults", false, "skip the peers at their default timing")
 	fs.BoolVar(&o.noIdle, "no-idle", false, "skip the idle-cost measurement")
 	fs.BoolVar(&o.noHerd, "no-herd", false, "skip the many-followers-at-release measurement")
+	fs.BoolVar(&o.noFloor, "no-floor", false, "skip the floor: the server's own time for a handover's steps, with no elector (setup postgres-floor)")
+	fs.IntVar(&o.floor, "floor", 0, "trials of each of the floor's steps (default 200; 20 with -quick)")
 	fs.IntVar(&o.herdN, "herd", 0, "followers woken by one release in the herd measurement (default 200; 50 with -quick)")
 	fs.IntVar(&o.idleN, "idle", 0, "idle followers in one process for the idle cost (default 1000; 100 with -quick)")
 	fs.IntVar(&o.idleNAdv, "idle-advisory", 0, "idle followers for the advisory strategy, which opens a server connection for each (default 300; 50 with -quick)")
@@ -137,7 +141,7 @@ func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 		v   int
 		dst *int
 	}{{o.followers, &p.followers}, {o.graceful, &p.graceful}, {o.crash, &p.crash}, {o.transfer, &p.transfer}, {o.deploys, &p.deploys},
-		{o.idleN, &p.idleN}, {o.idleNAdv, &p.idleNAdvisory}, {o.herdN, &p.herdN},
+		{o.idleN, &p.idleN}, {o.idleNAdv, &p.idleNAdvisory}, {o.herdN, &p.herdN}, {o.floor, &p.floorTrials},
 		{o.scaleNames, &p.scaleNames}, {o.scaleProcs, &p.scaleProcs}, {o.scaleProcN, &p.scaleProcNames}} {
 		if f.v < 0 {
 			return o, p, fmt.Errorf("counts must not be negative")
@@ -327,6 +331,10 @@ func runBench(o options, p plan, stdout, stderr io.Writer) int {
 	}
 
 	rep := report{Mode: mode, Started: b.start, Setups: setups, Machine: describeMachine(ctx, b.db)}
+	if !o.noFloor && (only == nil || only.MatchString(floorSetup)) {
+		b.logf("%s: %d trials of each step", floorSetup, p.floorTrials)
+		rep.Results = append(rep.Results, b.measureFloor(ctx, p.floorTrials))
+	}
 	for i := range setups {
 		s := &setups[i]
 		rep.Results = append(rep.Results, b.runSetup(ctx, s)...)

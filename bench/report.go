@@ -456,6 +456,12 @@ func writeMarkdown(w io.Writer, rep *report) {
 		fmt.Fprintln(w)
 	}
 
+	for i := range results {
+		if r := &results[i]; r.Scenario == scFloor {
+			writeFloor(w, r)
+		}
+	}
+
 	if len(rep.Targets) > 0 {
 		fmt.Fprintln(w, "### Targets (issues 6 and 18)")
 		fmt.Fprintln(w)
@@ -575,4 +581,27 @@ func windowCell(v map[string]float64) string {
 		return fmt.Sprintf("%.0f s (%.0f%%)", v["window_s"], 100*b)
 	}
 	return fmt.Sprintf("%.0f s", v["window_s"])
+}
+
+// writeFloor writes the floor's table (see measureFloor).
+func writeFloor(w io.Writer, r *Result) {
+	fmt.Fprintln(w, "### The floor: a handover's steps on this server, with no elector (ms: p50 / p99 / max, n trials)")
+	fmt.Fprintln(w)
+	if r.Error != "" {
+		fmt.Fprintf(w, "Failed: %s\n\n", r.Error)
+		return
+	}
+	fmt.Fprintln(w, "| Step | Time |")
+	fmt.Fprintln(w, "|---|---|")
+	for _, st := range []struct{ series, what string }{
+		{seriesRoundTrip, "round trip: SELECT 1"},
+		{seriesLockWake, "lock wake: the holder unlocks → the waiter, woken, runs SELECT 1, commits, and its reply is in"},
+		{seriesHandover, "handover: the holder updates a row, commits, unlocks → the waiter, woken, updates a row, commits, and its reply is in"},
+	} {
+		if v := r.SeriesMs[st.series]; len(v) > 0 {
+			sum := summarize(v)
+			fmt.Fprintf(w, "| %s | %s / %s / %s (n=%d) |\n", st.what, fmtMs(sum.P50), fmtMs(sum.P99), fmtMs(sum.Max), sum.N)
+		}
+	}
+	fmt.Fprintln(w)
 }

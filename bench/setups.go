@@ -151,6 +151,7 @@ type plan struct {
 	idleNAdvisory    int
 	herdN            int // followers woken at once by a release
 	herdTrials       int
+	floorTrials      int // trials of each of the floor's steps (see measureFloor)
 	// The scale measurements (lease strategy only): one process holding
 	// scaleNames names, and scaleProcs processes campaigning for the same
 	// scaleProcNames names, each at scaleTTL, over their windows.
@@ -170,7 +171,7 @@ func quickPlan() plan {
 		transfer: 5, deploys: 3, rollingSize: 5,
 		loadWindow: func(t timing) time.Duration { return 2 * t.TTL.D() },
 		idleN:      100, idleNAdvisory: 50,
-		herdN: 50, herdTrials: 3,
+		herdN: 50, herdTrials: 3, floorTrials: 20,
 		withScale: true, scaleTTL: 6 * time.Second,
 		scaleNames: 10_000, scaleNamesWindow: 30 * time.Second,
 		scaleProcs: 100, scaleProcNames: 100, scaleProcsWindow: 30 * time.Second,
@@ -190,7 +191,7 @@ func fullPlan() plan {
 		},
 		withDefaults: true,
 		idleN:        1000, idleNAdvisory: 300,
-		herdN: 200, herdTrials: 100,
+		herdN: 200, herdTrials: 100, floorTrials: 200,
 		withScale: true, scaleTTL: 6 * time.Second,
 		scaleNames: 10_000, scaleNamesWindow: 5 * time.Minute,
 		scaleProcs: 100, scaleProcNames: 100, scaleProcsWindow: 2 * time.Minute,

@@ -20,7 +20,7 @@ import (
 //
 //	TRACE <ns> <pid> start be=<backend pid> <the statement's first 70 characters>
 //	TRACE <ns> <pid> end be=<backend pid> err=<error>
-//	TRACE <ns> <pid> stopping|stopped|elected <candidate ID>
+//	TRACE <ns> <pid> stopping|stopped|elected|demoted <candidate ID>
 //	TRACE <ns> <pid> acquire start
 //	TRACE <ns> <pid> acquire end ok=<granted> err=<error>
 //	TRACE <ns> <pid> prepare <successor ID> start
