@@ -235,10 +235,15 @@ func TestAdvisoryGraceCountsFromAFollowedSuccessorsFreeing(t *testing.T) {
 	drain(ch)
 	cut := time.Now()
 	successors.cutConnection(t, name)
-	waitWake(t, ch, "after the followed successor's connection was cut")
-	watchers.smu.Lock()
-	f := watchers.freed[name]
-	watchers.smu.Unlock()
+	// A wake-up of the handover's may still come (the end of its hold):
+	// wait for the freeing of the successor's backend itself.
+	var f freeing
+	electortest.Eventually(t, 10*time.Second, "the lock waiter recording the successor's mark freed", func() bool {
+		watchers.smu.Lock()
+		f = watchers.freed[name]
+		watchers.smu.Unlock()
+		return f.pid == nextPID
+	})
 	if f.pid != nextPID || f.term != int64(next.Term) {
 		t.Fatalf("the lock waiter recorded the freeing of backend %d under term %d; want the successor's, backend %d under term %d", f.pid, f.term, nextPID, next.Term)
 	}
