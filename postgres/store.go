@@ -149,9 +149,12 @@
 // in one round trip, a transaction that waits for that lock in shared
 // mode (pg_advisory_xact_lock_shared, bounded by lock_timeout: a quarter
 // of its TTL, and never past half of what its context leaves) and then
-// runs the acquire statement, whose snapshot shows the release. Commit
+// runs a grant statement whose snapshot shows the release: the acquire
+// statement cut down to the one case it expects, a lease released and
+// reserved for it, which it grants as the acquire statement would. Commit
 // sends the release of ReleaseTo and then, in a transaction of its own,
-// the unlock, in one round trip; when the successor waited, the release's
+// the unlock, in one round trip; when the successor waited, the release
+// neither sends its NOTIFY nor looks for a candidate to name in one: the
 // NOTIFY is sent only 5 ms later, by the same round trip, and only if the
 // lease is still free (a NOTIFY wakes the backend and the process of every
 // listener, which would compete for the CPU with the successor's grant).
@@ -170,8 +173,10 @@
 //
 // The lease's row is not locked: the lease stays held and renewable while
 // the handover is prepared, and other candidates are not held up. The
-// grant is the ordinary acquire statement, judged on the row, so a
-// preparation changes when the successor tries, never what it is granted.
+// grant is judged on the row, on the acquire statement's terms, so a
+// preparation changes when the successor tries, never what it is granted;
+// when the grant statement finds anything but the reservation, it grants
+// nothing, and the successor runs the acquire statement at once.
 // An Abort, or the preparer's session ending (its process killed), lets
 // the successor's statement run at once, and it finds the lease still
 // held; a preparer that stalls (paused) holds it up for its lock_timeout,

@@ -15,6 +15,11 @@ const maxPayloadLength = MaxNotifyPayloadLen
 // statements are the store's SQL, with the table name filled in.
 type statements struct {
 	acquire, renewBatch, release, observe, request string
+	// waitedAcquire is the acquire statement of a successor that waited
+	// for its prepared handover (see LeaseStore.acquireWaiting): it
+	// grants only a lease released and reserved for the candidate, and
+	// returns no row otherwise (then the caller runs acquire).
+	waitedAcquire string
 	// grantNotice sends the NOTIFY of a grant if the grant still holds:
 	// the acquire statement sends none (see LeaseStore.noticeGrantLater).
 	grantNotice string
@@ -161,38 +166,43 @@ func dropHolderCandidate(table, holder string) string {
 
 func newStatements(opts Options) statements {
 	table, hb, st := opts.qualifiedTable(), opts.qualifiedHeartbeatTable(), opts.qualifiedStrategyTable()
+	// released is the CTE of the release statements that frees the
+	// lease and records the reservation ($1 to $8, as for release).
+	released := fmt.Sprintf(`released AS (
+	UPDATE %[1]s AS l
+	SET (holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, released_at, %[3]s) = (
+		NULL, '', NULL, NULL, NULL, NULL, c.now, NULL, NULL, NULL, $5, $6, $7, c.now + $8::interval)
+	FROM clock_timestamp() AS c(now)
+	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
+		AND %[2]s > clock_timestamp()
+	RETURNING l.name, l.successor_token, l.reserved_until
+), %[4]s`, table, expiry(hb), clearedTransfer, dropHolderCandidate(opts.qualifiedCandidateTable(), "$2"))
 	// release is the release statement, whose NOTIFY is the expression
 	// notify, and which says whether it was sent on a candidate channel
 	// (the boolean expression targeted, where dibs is).
 	release := func(notify, targeted string) string {
 		return fmt.Sprintf(`
-WITH released AS (
-	UPDATE %[1]s AS l
-	SET (holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, released_at, %[4]s) = (
-		NULL, '', NULL, NULL, NULL, NULL, c.now, NULL, NULL, NULL, $5, $6, $7, c.now + $8::interval)
-	FROM clock_timestamp() AS c(now)
-	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
-		AND %[3]s > clock_timestamp()
-	RETURNING l.name, l.successor_token, l.reserved_until
-), %[8]s, notified AS (
+WITH %[1]s, notified AS (
 	SELECT %[2]s AS sent, targeted FROM (
 		SELECT r.name, r.successor_token, r.reserved_until, d.first_token, k.dibs,
-			k.dibs AND %[7]s AS targeted
-		FROM released AS r LEFT JOIN LATERAL (%[5]s) AS d ON true
-		CROSS JOIN LATERAL (SELECT %[6]s AS dibs) AS k
+			k.dibs AND %[5]s AS targeted
+		FROM released AS r LEFT JOIN LATERAL (%[3]s) AS d ON true
+		CROSS JOIN LATERAL (SELECT %[4]s AS dibs) AS k
 	) AS x
 )
-SELECT count(*), coalesce(bool_or(targeted), false) FROM notified`, table, notify, expiry(hb), clearedTransfer,
-			firstCandidate(opts.qualifiedCandidateTable(), "r.name", "$2"), dibsCondition, targeted,
-			dropHolderCandidate(opts.qualifiedCandidateTable(), "$2"))
+SELECT count(*), coalesce(bool_or(targeted), false) FROM notified`, released, notify,
+			firstCandidate(opts.qualifiedCandidateTable(), "r.name", "$2"), dibsCondition, targeted)
 	}
+	// strategyRow is the CTE "st" of the grant statements (see acquire's
+	// comments below).
+	strategyRow := fmt.Sprintf(`st AS MATERIALIZED (
+	SELECT s.term_floor FROM %s AS s WHERE s.name = $1 AND s.strategy = 'lease' FOR KEY SHARE
+)`, st)
 	// The acquire statement: see the statements' comments below. $5, the
 	// channel, is not used but for its type: a grant's NOTIFY is sent
 	// noticeDelay later (noticeGrantLater).
 	acquire := fmt.Sprintf(`
-WITH st AS MATERIALIZED (
-	SELECT s.term_floor FROM %[7]s AS s WHERE s.name = $1 AND s.strategy = 'lease' FOR KEY SHARE
-), %[8]s, reserved AS MATERIALIZED (
+WITH %[7]s, %[8]s, reserved AS MATERIALIZED (
 	SELECT l.term, %[9]s FROM %[1]s AS l WHERE l.name = $1 AND %[10]s
 ), killed AS (
 	UPDATE %[5]s AS h SET dead = true
@@ -240,12 +250,32 @@ WHERE NOT EXISTS (SELECT FROM st) AND NOT EXISTS (SELECT FROM %[1]s AS l WHERE l
 UNION ALL
 SELECT false, r.term, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, EXISTS (SELECT FROM st), %[18]s
 FROM reserved AS r`,
-		table, `$5::text`, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), st,
+		table, `$5::text`, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), strategyRow,
 		epochCTEs(opts.qualifiedEpochTable(), "$4::interval"),
 		transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
 		grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
 		reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
 		enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}, false))
+	// The waited acquire statement: see the statements' comments below.
+	waitedAcquire := fmt.Sprintf(`
+WITH %[2]s, %[3]s, granted AS (
+	UPDATE %[1]s AS l
+	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, priority, reason, %[4]s) = (
+		greatest(l.term, st.term_floor, ep.floor) + 1, $2, $3, c.now, c.now, c.now + $4::interval, NULL,
+		$6, l.successor_reason, %[5]s)
+	FROM clock_timestamp() AS c(now), st, ep
+	WHERE l.name = $1 AND ep.ok
+		AND l.holder_token IS NULL AND l.successor_token = $2 AND l.reserved_until > clock_timestamp()
+	RETURNING l.term, l.holder_id, l.acquired_at, l.expires_at, %[6]s
+), notified AS (
+	SELECT $5::text FROM granted
+), durable AS (
+	SELECT %[7]s FROM granted
+)
+SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
+	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable), true, %[8]s
+FROM granted AS g`, table, strategyRow, epochCTEs(opts.qualifiedEpochTable(), "$4::interval"), clearedTransfer, clearedValues,
+		transferColumns("l"), durableCommit, transferNames("g"))
 	return statements{
 		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel,
 		// $6 priority.
@@ -299,6 +329,19 @@ FROM reserved AS r`,
 		// enlistCTEs); a grant writes no entry.
 		acquire: acquire,
 
+		// Waited acquire: the parameters of acquire. It grants what
+		// acquire grants to a candidate that a released lease is
+		// reserved for, on the same terms ("st" and "ep" hold it off as
+		// there, the term is above the floors, the reason is the
+		// reservation's, and "durable" makes the commit durable), and
+		// nothing else: it neither inserts, nor judges an expiry or a
+		// heartbeat, nor enlists, nor reports a lease it did not grant.
+		// A successor that waited for its prepared handover finds the
+		// lease so in all but a few handovers (one aborted, a failover's
+		// hold), and the statement then returns no row: the caller runs
+		// acquire. Its first row is acquire's first branch.
+		waitedAcquire: waitedAcquire,
+
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired
 		// lease held by its token under its term, on one reading of the
@@ -336,7 +379,17 @@ RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_
 		// candidate channel.
 		release: release(`pg_notify(`+candidateChannelSQL("$4")+`, `+dibsPayload+`)`,
 			fmt.Sprintf("octet_length($4::text) <= %d", maxCandidateChannel)),
-		releaseQuiet: release(`$4::text`, "false"),
+
+		// releaseQuiet is release without a NOTIFY: $4 is not used but
+		// for its type. It does not look for the candidate to wake first
+		// either (firstCandidate), which only a notice names, so that a
+		// prepared handover's commit, which waits for it, is as short as
+		// it can be.
+		releaseQuiet: `
+WITH ` + released + `, notified AS (
+	SELECT $4::text AS sent FROM released
+)
+SELECT count(*), false FROM notified`,
 
 		// The NOTIFY of a release, if the lease is still free: $1 name,
 		// $2 channel. "free" locks the row, so that a grant under way
