@@ -448,3 +448,51 @@ func TestOwnAttemptsRecordASession(t *testing.T) {
 		}
 	}
 }
+
+// TestNamedCandidateTakesTheReleaseAtOnce checks the Acquire of a
+// candidate that a plain release named (see wakeups.named): it is
+// granted by the grant of a released lease alone, with the next term and
+// the reason release; and when another candidate took the lease first,
+// it falls back to the acquire statement, which refuses it and reports
+// the new holder.
+func TestNamedCandidateTakesTheReleaseAtOnce(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	a.store.noticeDelay = 3 * time.Second // no grant's notice calls off the mark meanwhile
+	b := setupOn(t, a.pool, Options{})
+	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
+	const ttl = time.Minute
+	for _, name := range []string{"named", "taken"} {
+		if err := b.store.Enlist(callCtx(t), name, bob, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	woken := watchFor(t, b.store, "named", bob)
+	wokenTaken := watchFor(t, b.store, "taken", bob)
+	waitListening(t, b)
+	drain(woken)
+	drain(wokenTaken)
+
+	l := mustGrant(t, a.store, "named", alice, ttl)
+	mustRelease(t, a.store, "named", alice, l.Term)
+	waitWake(t, woken, "after the release that named bob")
+	got, granted := mustAcquire(t, b.store, "named", bob, ttl)
+	if !granted || got.Term != l.Term+1 || got.Reason != leader.GrantRelease || got.HolderID != "bob" {
+		t.Fatalf("the named candidate's Acquire: %+v granted %v; want bob's, term %d, after a release", got, granted, l.Term+1)
+	}
+	if n := b.store.namedGrants.Load(); n != 1 {
+		t.Fatalf("%d grants of a released lease to a named candidate; want 1", n)
+	}
+
+	l = mustGrant(t, a.store, "taken", alice, ttl)
+	mustRelease(t, a.store, "taken", alice, l.Term)
+	waitWake(t, wokenTaken, "after the release that named bob")
+	mustGrant(t, a.store, "taken", carol, ttl) // the lease is not reserved: carol is first
+	got, granted = mustAcquire(t, b.store, "taken", bob, ttl)
+	if granted || got.HolderID != "carol" || got.Term != l.Term+1 {
+		t.Fatalf("the named candidate's Acquire after carol's grant: %+v granted %v; want refused, carol holding term %d", got, granted, l.Term+1)
+	}
+	if n := b.store.namedGrants.Load(); n != 1 {
+		t.Fatalf("%d grants of a released lease to a named candidate; want still 1", n)
+	}
+}

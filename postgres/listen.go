@@ -57,6 +57,14 @@ type wakeups struct {
 	// this store's (see LeaseStore.PrepareHandover): its token, and when
 	// the notice came.
 	prepared map[string]preparation
+	// named holds, by name, the candidate of this store's that the last
+	// handover's notice named (see handover): the successor of a
+	// ReleaseTo, or the candidate that a plain release wakes first. Its
+	// next Acquire tries the grant of a released lease first (see
+	// LeaseStore.Acquire). Only kept where keepNamed is set: the lease
+	// store's.
+	named     map[string]preparation
+	keepNamed bool
 	// candidateChannels says whether the listener also LISTENs on the
 	// candidate channels of its candidates (see candidateChannel): both
 	// PostgreSQL stores', whose plain releases notify the candidate they
@@ -389,6 +397,24 @@ func (w *wakeups) takePrepared(name, token string) bool {
 	return time.Since(p.at) < preparedFor
 }
 
+// namedFor is how long after a handover's notice that named a candidate
+// its Acquire tries the grant of a released lease first: an Acquire later
+// than that is an ordinary one.
+const namedFor = time.Second
+
+// takeNamed reports whether a handover's notice named the candidate of
+// token for name less than namedFor ago, and forgets it.
+func (w *wakeups) takeNamed(name, token string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p, ok := w.named[name]
+	if !ok || p.token != token {
+		return false
+	}
+	delete(w.named, name)
+	return time.Since(p.at) < namedFor
+}
+
 // PreparedFor implements leader.PreparedForChecker: it reports whether a
 // notice told this store, less than preparedFor ago, that a handover of
 // name was prepared for c (see LeaseStore.PrepareHandover and
@@ -427,6 +453,9 @@ func (w *wakeups) wakeNameLocked(n notice) {
 		}
 		return
 	}
+	if n.ev == eventGrant {
+		delete(w.named, n.name)
+	}
 	later := false
 	for ch, wt := range w.watchers[n.name] {
 		switch {
@@ -436,6 +465,12 @@ func (w *wakeups) wakeNameLocked(n notice) {
 			if wt.token != "" && wt.token != n.token {
 				later = true
 				continue
+			}
+			if w.keepNamed && wt.token == n.token {
+				if w.named == nil {
+					w.named = make(map[string]preparation)
+				}
+				w.named[n.name] = preparation{token: n.token, at: time.Now()}
 			}
 		case wt.kind == watchGrants && n.ev == eventGrant:
 		default:

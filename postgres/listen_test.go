@@ -519,3 +519,41 @@ func TestHandoverNoticeWakesTheSuccessor(t *testing.T) {
 		}
 	}
 }
+
+// TestHandoverNoticeNamesTheCandidate checks what a handover's notice
+// records for the lease store's Acquire (wakeups.named): the candidate it
+// names, if one of the store's free-watchers watches for it, taken once;
+// nothing for a candidate of another process, nothing once a grant's
+// notice came, and nothing where the store does not keep the marks (the
+// advisory store's).
+func TestHandoverNoticeNamesTheCandidate(t *testing.T) {
+	t.Parallel()
+	newWakeups := func(keep bool) *wakeups {
+		w := &wakeups{watchers: map[string]map[chan struct{}]watcher{}, covered: map[string]*coverage{}, deferred: map[string]*time.Timer{}, keepNamed: keep}
+		w.addLocked("n", make(chan struct{}, 1), watcher{kind: watchFree, token: "mine"})
+		t.Cleanup(func() { w.taken("n") }) // stops the deferred wake-up
+		return w
+	}
+	w := newWakeups(true)
+	w.handover("n", "mine", dibsHold)
+	if !w.takeNamed("n", "mine") {
+		t.Error("a handover's notice that named this store's candidate was not recorded")
+	}
+	if w.takeNamed("n", "mine") {
+		t.Error("the mark of a handover's notice was taken twice")
+	}
+	w.handover("n", "theirs", dibsHold)
+	if w.takeNamed("n", "theirs") || w.takeNamed("n", "mine") {
+		t.Error("a handover's notice that named another process's candidate was recorded")
+	}
+	w.handover("n", "mine", dibsHold)
+	w.notified(payloadGrant+"n", 7, false)
+	if w.takeNamed("n", "mine") {
+		t.Error("the mark of a handover's notice was still there after a grant's notice")
+	}
+	w = newWakeups(false)
+	w.handover("n", "mine", dibsHold)
+	if w.takeNamed("n", "mine") {
+		t.Error("a store that keeps no marks recorded one")
+	}
+}

@@ -52,8 +52,9 @@ func wantPlannedAhead(t *testing.T, conn *pgx.Conn, stmts map[string]string) {
 
 // TestStoreConnectionsPlanAhead checks that a new connection of the
 // lease store's own is readied for the store's statements (see
-// planAhead): generic plans for the session, and the acquire and release
-// statements prepared and planned before their first run; and that
+// planAhead): generic plans for the session, and the acquire, release and
+// released lease's grant statements prepared and planned before their
+// first run; and that
 // nothing is set under the simple protocol.
 func TestStoreConnectionsPlanAhead(t *testing.T) {
 	t.Parallel()
@@ -63,7 +64,8 @@ func TestStoreConnectionsPlanAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	wantPlannedAhead(t, conn.Conn(), map[string]string{"acquire": b.store.sql.acquire, "release": b.store.sql.release})
+	wantPlannedAhead(t, conn.Conn(), map[string]string{"acquire": b.store.sql.acquire, "release": b.store.sql.release,
+		"grant of a released lease": b.store.sql.grantReleased})
 
 	simple := poolWith(t, b.pool, func(c *pgx.ConnConfig) { c.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol })
 	s := setupOn(t, simple, Options{}).store

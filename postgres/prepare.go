@@ -129,7 +129,7 @@ func (s *LeaseStore) warmWaitedAcquire(ctx context.Context, conn *pgx.Conn) bool
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
 		return false
 	}
-	_, err := conn.Prepare(ctx, waitedAcquireStmt, s.sql.waitedAcquire)
+	_, err := conn.Prepare(ctx, waitedAcquireStmt, s.sql.grantReleased)
 	if err == nil {
 		_, err = conn.Exec(ctx, waitedAcquireWarmUp, pgx.QueryExecModeSimpleProtocol)
 	}
@@ -484,11 +484,11 @@ func (p *preparedHandover) Abort() {
 // was prepared (see PrepareHandover), sent as one batch on one
 // connection: in a transaction, it waits for the handover's lock (shared,
 // so that it never holds up the preparer's unlock), for wait at most
-// (lock_timeout), and then runs the waited acquire statement
-// (statements.waitedAcquire), whose snapshot, taken then, shows the
+// (lock_timeout), and then runs the statement of a released lease's grant
+// (statements.grantReleased), whose snapshot, taken then, shows the
 // release. dest receives its row, which is acquire's. It reports whether
 // the statement granted the lease: false if the lock was not had in time,
-// or the lease was not found released and reserved for c (the caller then
+// or the lease was not found released and free for c (the caller then
 // tries as usual), or err.
 func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.Candidate, ttl, wait time.Duration, dest []any) (bool, error) {
 	// A connection of the store's waits: when every one of them waits
@@ -508,7 +508,7 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 		return false, nil
 	}
 	defer conn.Release()
-	stmt := s.sql.waitedAcquire
+	stmt := s.sql.grantReleased
 	if s.warmWaitedAcquire(ctx, conn.Conn()) {
 		stmt = waitedAcquireStmt
 	} else if ctx.Err() != nil {
@@ -525,7 +525,7 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	case err != nil:
 		return false, err
 	case errors.Is(errRow, pgx.ErrNoRows):
-		return false, nil // not reserved for c: try as usual
+		return false, nil // not free for c: try as usual
 	case errRow != nil:
 		return false, errRow
 	}

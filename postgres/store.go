@@ -512,7 +512,12 @@
 // its channel) rather than every listener's; PostgreSQL (through 18 at
 // least) still signals every listening backend of the database, which
 // reads the notification and drops it. The named candidate's store wakes
-// it at once; a store that hears the notification for another of its
+// it at once, and its next Acquire, within a second, first runs a grant
+// statement cut to the case it expects (a released lease not reserved for
+// another candidate, granted on the acquire statement's terms), and the
+// acquire statement only if that grants nothing (another candidate was
+// first); a handover's notice (ReleaseTo) does the same for its successor.
+// A store that hears the notification for another of its
 // candidates wakes those 8 ms later (3 ms, and the 5 ms slack of every
 // handover's notice), unless the later release notice or a grant's comes
 // first. 5 ms after the release, the releasing store sends the plain
@@ -666,6 +671,10 @@ type LeaseStore struct {
 	// waitedGrants counts the grants of Acquire statements that waited
 	// for a prepared handover (acquireWaiting); tests read it.
 	waitedGrants atomic.Int64
+	// namedGrants counts the grants of Acquire calls that a release woke
+	// by name, by the grant of a released lease (see wakeups.named);
+	// tests read it.
+	namedGrants atomic.Int64
 	// pooled is set once PrepareHandover found the store behind a
 	// transaction-pooling proxy: it refuses at once from then on.
 	pooled atomic.Bool
@@ -700,7 +709,7 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 	}
 	d := newDialer(pool)
 	sql := newStatements(opts)
-	own, err := newOwnPool(pool, opts, d.hosts, sql.acquire, sql.release)
+	own, err := newOwnPool(pool, opts, d.hosts, sql.acquire, sql.release, sql.grantReleased)
 	if err != nil {
 		return nil, err
 	}
@@ -718,7 +727,7 @@ func NewLeaseStore(pool *pgxpool.Pool, opts Options) (*LeaseStore, error) {
 		beatSQL:     newBeatStatements(opts),
 		wakeups:     newWakeups(d, opts, "the lease store's wake-ups"),
 	}
-	s.candidateChannels = true
+	s.candidateChannels, s.keepNamed = true, true
 	s.candidates = newCandidates(own, opts, StrategyLease)
 	s.renewals = newRenewBatcher(s)
 	s.later.ctx, s.later.cancel = context.WithCancel(context.Background())
@@ -840,8 +849,22 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 			}
 		}
 	}
+	named := false
+	if !waited && s.takeNamed(name, c.Token) {
+		// A release woke c by name (see wakeups.named): the lease is
+		// most likely free for it. The grant statement cut to that case
+		// first, and the acquire statement only if it grants nothing.
+		err = s.pool.QueryRow(ctx, s.sql.grantReleased, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)).
+			Scan(dest...)
+		switch {
+		case err == nil:
+			named = true
+		case !errors.Is(err, pgx.ErrNoRows):
+			return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
+		}
+	}
 	waited = waited && mine // else the statement below claims the name, and tries again
-	for claimed := false; !waited; claimed = true {
+	for claimed := false; !waited && !named; claimed = true {
 		err = s.pool.QueryRow(ctx, s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)).
 			Scan(dest...)
 		if err != nil || mine || claimed {
@@ -872,6 +895,9 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 	l := r.lease(name)
 	if granted && waited {
 		s.waitedGrants.Add(1)
+	}
+	if granted && named {
+		s.namedGrants.Add(1)
 	}
 	if granted {
 		s.noticeGrantLater(name, c.Token, r.term)

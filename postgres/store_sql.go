@@ -15,11 +15,12 @@ const maxPayloadLength = MaxNotifyPayloadLen
 // statements are the store's SQL, with the table name filled in.
 type statements struct {
 	acquire, renewBatch, release, observe, request string
-	// waitedAcquire is the acquire statement of a successor that waited
-	// for its prepared handover (see LeaseStore.acquireWaiting): it
-	// grants only a lease released and reserved for the candidate, and
-	// returns no row otherwise (then the caller runs acquire).
-	waitedAcquire string
+	// grantReleased is the acquire statement of a candidate that a
+	// release woke by name (see LeaseStore.Acquire), the successor of a
+	// prepared handover among them: it grants only a released lease not
+	// reserved for another candidate, and returns no row otherwise (then
+	// the caller runs acquire).
+	grantReleased string
 	// grantNotice sends the NOTIFY of a grant if the grant still holds:
 	// the acquire statement sends none (see LeaseStore.noticeGrantLater).
 	grantNotice string
@@ -256,16 +257,16 @@ FROM reserved AS r`,
 		grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
 		reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
 		enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}, false))
-	// The waited acquire statement: see the statements' comments below.
-	waitedAcquire := fmt.Sprintf(`
+	// The statement of a released lease's grant: see the statements'
+	// comments below.
+	grantReleased := fmt.Sprintf(`
 WITH %[2]s, %[3]s, granted AS (
 	UPDATE %[1]s AS l
 	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, priority, reason, %[4]s) = (
 		greatest(l.term, st.term_floor, ep.floor) + 1, $2, $3, c.now, c.now, c.now + $4::interval, NULL,
-		$6, l.successor_reason, %[5]s)
+		$6, %[9]s, %[5]s)
 	FROM clock_timestamp() AS c(now), st, ep
-	WHERE l.name = $1 AND ep.ok
-		AND l.holder_token IS NULL AND l.successor_token = $2 AND l.reserved_until > clock_timestamp()
+	WHERE l.name = $1 AND ep.ok AND l.holder_token IS NULL AND NOT %[10]s
 	RETURNING l.term, l.holder_id, l.acquired_at, l.expires_at, %[6]s
 ), notified AS (
 	SELECT $5::text FROM granted
@@ -275,7 +276,7 @@ WITH %[2]s, %[3]s, granted AS (
 SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
 	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable), true, %[8]s
 FROM granted AS g`, table, strategyRow, epochCTEs(opts.qualifiedEpochTable(), "$4::interval"), clearedTransfer, clearedValues,
-		transferColumns("l"), durableCommit, transferNames("g"))
+		transferColumns("l"), durableCommit, transferNames("g"), grantReasonSQL("l", "$2", "false"), reservedForOther("l", "$2"))
 	return statements{
 		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel,
 		// $6 priority.
@@ -329,18 +330,21 @@ FROM granted AS g`, table, strategyRow, epochCTEs(opts.qualifiedEpochTable(), "$
 		// enlistCTEs); a grant writes no entry.
 		acquire: acquire,
 
-		// Waited acquire: the parameters of acquire. It grants what
-		// acquire grants to a candidate that a released lease is
-		// reserved for, on the same terms ("st" and "ep" hold it off as
-		// there, the term is above the floors, the reason is the
-		// reservation's, and "durable" makes the commit durable), and
-		// nothing else: it neither inserts, nor judges an expiry or a
-		// heartbeat, nor enlists, nor reports a lease it did not grant.
-		// A successor that waited for its prepared handover finds the
-		// lease so in all but a few handovers (one aborted, a failover's
-		// hold), and the statement then returns no row: the caller runs
-		// acquire. Its first row is acquire's first branch.
-		waitedAcquire: waitedAcquire,
+		// Grant of a released lease: the parameters of acquire. It
+		// grants what acquire grants to a candidate when the lease is
+		// released and not reserved for another candidate, on the same
+		// terms ("st" and "ep" hold it off as there, the term is above
+		// the floors, the reason is the reservation's or 'release', and
+		// "durable" makes the commit durable), and nothing else: it
+		// neither inserts, nor judges an expiry or a heartbeat, nor
+		// enlists, nor reports a lease it did not grant. A candidate that
+		// a release woke by name, as the one to wake first or its
+		// successor, finds the lease so in all but a few handovers
+		// (another candidate was faster, a prepared handover was
+		// aborted, a failover's hold), and the statement then returns no
+		// row: the caller runs acquire. Its row is acquire's first
+		// branch's.
+		grantReleased: grantReleased,
 
 		// Renew, for a batch: $1 names, $2 tokens, $3 terms, $4 TTLs in
 		// microseconds, one element per lease. Renews each unexpired

@@ -11,16 +11,17 @@ import (
 	"github.com/leaderelect/leader"
 )
 
-// TestWaitedGrantOnlyTakesItsReservation checks the statement that a
-// successor runs once its prepared handover's lock is free
-// (statements.waitedAcquire): it grants a lease released and reserved for
-// the candidate as the acquire statement would (the next term, above the
-// strategy row's floor; the reservation's reason; the candidate's
-// priority), and grants nothing, returning no row, in every other case,
-// the failover's hold and a name the other strategy took among them. Each
-// case runs in a transaction that is rolled back, on the same reserved
-// lease.
-func TestWaitedGrantOnlyTakesItsReservation(t *testing.T) {
+// TestGrantReleasedOnlyTakesAFreeLease checks the statement that a
+// candidate woken by name runs first, and the successor of a prepared
+// handover once its lock is free (statements.grantReleased): it grants a
+// lease released and not reserved for another candidate as the acquire
+// statement would (the next term, above the strategy row's floor; the
+// reservation's reason, or 'release'; the candidate's priority), and
+// grants nothing, returning no row, in every other case, the failover's
+// hold and a name the other strategy took among them. A grant's commit is
+// durable. Each case runs in a transaction that is rolled back, on the
+// same reserved lease.
+func TestGrantReleasedOnlyTakesAFreeLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s, opts := b.store, b.store.opts
@@ -44,7 +45,7 @@ func TestWaitedGrantOnlyTakesItsReservation(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		for _, sql := range setup {
+		for _, sql := range append([]string{"SET LOCAL synchronous_commit = off"}, setup...) {
 			if _, err := tx.Exec(ctx, sql); err != nil {
 				t.Fatalf("%s: %v", sql, err)
 			}
@@ -56,15 +57,24 @@ func TestWaitedGrantOnlyTakesItsReservation(t *testing.T) {
 		)
 		dest := append([]any{&granted, &r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining, &notified, &mine},
 			r.transfer.dest()...)
-		err = tx.QueryRow(ctx, s.sql.waitedAcquire, name, c.Token, c.ID, interval(ttl), opts.Channel, int32(c.Priority)).Scan(dest...)
+		err = tx.QueryRow(ctx, s.sql.grantReleased, name, c.Token, c.ID, interval(ttl), opts.Channel, int32(c.Priority)).Scan(dest...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
 		if err != nil {
-			t.Fatalf("the waited grant statement: %v", err)
+			t.Fatalf("the grant statement: %v", err)
 		}
 		if !granted || !mine || notified != 2 {
-			t.Fatalf("the waited grant statement returned granted %v, mine %v, notified %d: want true, true, 2", granted, mine, notified)
+			t.Fatalf("the grant statement returned granted %v, mine %v, notified %d: want true, true, 2", granted, mine, notified)
+		}
+		// A grant's commit is durable (durableCommit): the cases run
+		// with synchronous_commit off, which it raises to local.
+		var sync string
+		if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sync); err != nil {
+			t.Fatal(err)
+		}
+		if sync != "local" {
+			t.Fatalf("the grant's transaction commits with synchronous_commit %s; want local", sync)
 		}
 		lease := r.lease(name)
 		return &lease
@@ -77,6 +87,24 @@ func TestWaitedGrantOnlyTakesItsReservation(t *testing.T) {
 			t.Fatalf("granted %+v; want bob's, term %d, for a transfer, priority 3, for at most %v", g, l.Term+1, ttl)
 		}
 	})
+	for _, c := range []struct {
+		what  string
+		name  string
+		c     leader.Candidate
+		setup []string
+	}{
+		{what: "the reservation ran out", name: "w", c: carol,
+			setup: []string{fmt.Sprintf(`UPDATE %s SET reserved_until = clock_timestamp() - interval '1 second' WHERE name = 'w'`, opts.qualifiedTable())}},
+		{what: "released to nobody", name: "w", c: carol,
+			setup: []string{fmt.Sprintf(`UPDATE %s SET (successor_token, successor_id, successor_reason, reserved_until) = (NULL, NULL, NULL, NULL) WHERE name = 'w'`, opts.qualifiedTable())}},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			g := granted(t, c.name, c.c, c.setup...)
+			if g == nil || g.Term != l.Term+1 || g.HolderID != "carol" || g.Reason != leader.GrantRelease {
+				t.Fatalf("granted %+v; want carol's, term %d, after a release", g, l.Term+1)
+			}
+		})
+	}
 	t.Run("above the strategy row's floor", func(t *testing.T) {
 		floor := l.Term + 100
 		g := granted(t, "w", bob, fmt.Sprintf(`UPDATE %s SET term_floor = %d WHERE name = 'w'`, opts.qualifiedStrategyTable(), floor))
@@ -96,8 +124,6 @@ func TestWaitedGrantOnlyTakesItsReservation(t *testing.T) {
 			setup: []string{fmt.Sprintf(`UPDATE %s SET (holder_token, holder_id, expires_at) = ('%s', 'alice', clock_timestamp() + interval '1 minute') WHERE name = 'w'`,
 				opts.qualifiedTable(), alice.Token)}},
 		{what: "never held", name: "none", c: bob},
-		{what: "the reservation ran out", name: "w", c: bob,
-			setup: []string{fmt.Sprintf(`UPDATE %s SET reserved_until = clock_timestamp() - interval '1 second' WHERE name = 'w'`, opts.qualifiedTable())}},
 		{what: "the name is the advisory strategy's", name: "w", c: bob,
 			setup: []string{fmt.Sprintf(`UPDATE %s SET strategy = 'advisory' WHERE name = 'w'`, opts.qualifiedStrategyTable())}},
 		{what: "a failover's hold", name: "w", c: bob,
