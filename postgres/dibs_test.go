@@ -453,13 +453,14 @@ func TestOwnAttemptsRecordASession(t *testing.T) {
 // candidate that a plain release named (see wakeups.named): it is
 // granted by the grant of a released lease alone, with the next term and
 // the reason release; and when another candidate took the lease first,
-// it falls back to the acquire statement, which refuses it and reports
-// the new holder.
+// it tries that statement, falls back to the acquire statement, which
+// refuses it and reports the new holder.
 func TestNamedCandidateTakesTheReleaseAtOnce(t *testing.T) {
 	t.Parallel()
 	a := setup(t)
 	a.store.noticeDelay = 3 * time.Second // no grant's notice calls off the mark meanwhile
 	b := setupOn(t, a.pool, Options{})
+	lengthenNamed(b.store)
 	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
 	const ttl = time.Minute
 	for _, name := range []string{"named", "taken"} {
@@ -480,8 +481,8 @@ func TestNamedCandidateTakesTheReleaseAtOnce(t *testing.T) {
 	if !granted || got.Term != l.Term+1 || got.Reason != leader.GrantRelease || got.HolderID != "bob" {
 		t.Fatalf("the named candidate's Acquire: %+v granted %v; want bob's, term %d, after a release", got, granted, l.Term+1)
 	}
-	if n := b.store.namedGrants.Load(); n != 1 {
-		t.Fatalf("%d grants of a released lease to a named candidate; want 1", n)
+	if g, n := b.store.namedGrants.Load(), b.store.namedTries.Load(); g != 1 || n != 1 {
+		t.Fatalf("%d grants of a released lease to a named candidate in %d tries; want 1 in 1", g, n)
 	}
 
 	l = mustGrant(t, a.store, "taken", alice, ttl)
@@ -492,7 +493,47 @@ func TestNamedCandidateTakesTheReleaseAtOnce(t *testing.T) {
 	if granted || got.HolderID != "carol" || got.Term != l.Term+1 {
 		t.Fatalf("the named candidate's Acquire after carol's grant: %+v granted %v; want refused, carol holding term %d", got, granted, l.Term+1)
 	}
-	if n := b.store.namedGrants.Load(); n != 1 {
-		t.Fatalf("%d grants of a released lease to a named candidate; want still 1", n)
+	if g, n := b.store.namedGrants.Load(), b.store.namedTries.Load(); g != 1 || n != 2 {
+		t.Fatalf("%d grants of a released lease to a named candidate in %d tries; want 1 in 2", g, n)
+	}
+}
+
+// lengthenNamed has the marks of s's named candidates last a minute, so
+// that a slow test machine does not turn a named Acquire into an
+// ordinary one.
+func lengthenNamed(s *LeaseStore) {
+	s.wakeups.mu.Lock()
+	defer s.wakeups.mu.Unlock()
+	s.wakeups.namedFor = time.Minute
+}
+
+// TestWaitedAcquireTriesTheGrantOnce checks that an Acquire that waited
+// for a prepared handover and ran the grant of a released lease, which
+// granted nothing, does not run it a second time for the mark of a
+// handover's notice that named the same candidate: it takes the mark,
+// and runs the acquire statement.
+func TestWaitedAcquireTriesTheGrantOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	lengthenNamed(b.store)
+	alice, bob := candidate("alice"), candidate("bob")
+	l := mustGrant(t, b.store, "w", alice, time.Minute)
+	// Both marks, as a prepared handover's notice and then its release's
+	// would leave them; the handover was not prepared at all (as if
+	// aborted), so the waited grant statement runs at once and finds the
+	// lease held.
+	b.store.wakeups.mu.Lock()
+	b.store.wakeups.prepared = map[string]preparation{"w": {token: bob.Token, at: time.Now()}}
+	b.store.wakeups.named = map[string]preparation{"w": {token: bob.Token, at: time.Now()}}
+	b.store.wakeups.mu.Unlock()
+	got, granted := mustAcquire(t, b.store, "w", bob, time.Minute)
+	if granted || got.HolderID != "alice" || got.Term != l.Term {
+		t.Fatalf("bob's Acquire: %+v granted %v; want refused, alice holding term %d", got, granted, l.Term)
+	}
+	if n := b.store.namedTries.Load(); n != 0 {
+		t.Fatalf("the grant of a released lease ran %d more times after the waited one; want 0", n)
+	}
+	if b.store.takeNamed("w", bob.Token) {
+		t.Fatal("the mark of the handover's notice was left after the Acquire")
 	}
 }

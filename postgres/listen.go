@@ -65,6 +65,9 @@ type wakeups struct {
 	// store's.
 	named     map[string]preparation
 	keepNamed bool
+	// namedFor is how long a mark in named lasts (namedFor, the
+	// constant, unless a test lengthens it).
+	namedFor time.Duration
 	// candidateChannels says whether the listener also LISTENs on the
 	// candidate channels of its candidates (see candidateChannel): both
 	// PostgreSQL stores', whose plain releases notify the candidate they
@@ -237,6 +240,7 @@ func (w *wakeups) removeLocked(name string, ch chan struct{}) {
 		delete(set, ch)
 		if len(set) == 0 {
 			delete(w.watchers, name)
+			delete(w.named, name) // nobody here campaigns for it any longer
 		}
 	}
 }
@@ -412,7 +416,11 @@ func (w *wakeups) takeNamed(name, token string) bool {
 		return false
 	}
 	delete(w.named, name)
-	return time.Since(p.at) < namedFor
+	d := w.namedFor
+	if d == 0 {
+		d = namedFor
+	}
+	return time.Since(p.at) < d
 }
 
 // PreparedFor implements leader.PreparedForChecker: it reports whether a

@@ -522,19 +522,43 @@ func TestHandoverNoticeWakesTheSuccessor(t *testing.T) {
 
 // TestHandoverNoticeNamesTheCandidate checks what a handover's notice
 // records for the lease store's Acquire (wakeups.named): the candidate it
-// names, if one of the store's free-watchers watches for it, taken once;
-// nothing for a candidate of another process, nothing once a grant's
-// notice came, and nothing where the store does not keep the marks (the
-// advisory store's).
+// names, if one of the store's free-watchers watches for it, taken once,
+// and for namedFor at most; nothing for a candidate of another process,
+// nothing for a plain release's or a preparation's notice, nothing once a
+// grant's notice came or the name's last watcher went, and nothing where
+// the store does not keep the marks (the advisory store's).
 func TestHandoverNoticeNamesTheCandidate(t *testing.T) {
 	t.Parallel()
+	var mine chan struct{}
 	newWakeups := func(keep bool) *wakeups {
 		w := &wakeups{watchers: map[string]map[chan struct{}]watcher{}, covered: map[string]*coverage{}, deferred: map[string]*time.Timer{}, keepNamed: keep}
-		w.addLocked("n", make(chan struct{}, 1), watcher{kind: watchFree, token: "mine"})
+		mine = make(chan struct{}, 1)
+		w.addLocked("n", mine, watcher{kind: watchFree, token: "mine"})
 		t.Cleanup(func() { w.taken("n") }) // stops the deferred wake-up
 		return w
 	}
 	w := newWakeups(true)
+	w.notified(payloadRelease+"n", 7, false)
+	w.notified(fmt.Sprintf("%s%d:%sn", payloadPrepare, len("mine"), "mine"), 7, false)
+	if !w.takePrepared("n", "mine") {
+		t.Fatal("the preparation's notice was not taken for one")
+	}
+	if w.takeNamed("n", "mine") {
+		t.Error("a plain release's or a preparation's notice named a candidate")
+	}
+	w.notified(fmt.Sprintf("%s%d,%d:%sn", payloadHandover, dibsHold.Microseconds(), len("mine"), "mine"), 7, false)
+	if !w.takeNamed("n", "mine") {
+		t.Error("a handover's notice, as sent, that named this store's candidate was not recorded")
+	}
+	w.handover("n", "mine", dibsHold)
+	w.mu.Lock()
+	p := w.named["n"]
+	p.at = p.at.Add(-namedFor)
+	w.named["n"] = p
+	w.mu.Unlock()
+	if w.takeNamed("n", "mine") {
+		t.Errorf("the mark of a handover's notice was taken %v after it", namedFor)
+	}
 	w.handover("n", "mine", dibsHold)
 	if !w.takeNamed("n", "mine") {
 		t.Error("a handover's notice that named this store's candidate was not recorded")
@@ -550,6 +574,13 @@ func TestHandoverNoticeNamesTheCandidate(t *testing.T) {
 	w.notified(payloadGrant+"n", 7, false)
 	if w.takeNamed("n", "mine") {
 		t.Error("the mark of a handover's notice was still there after a grant's notice")
+	}
+	w.handover("n", "mine", dibsHold)
+	w.mu.Lock()
+	w.removeLocked("n", mine)
+	w.mu.Unlock()
+	if w.takeNamed("n", "mine") {
+		t.Error("the mark of a handover's notice was still there after the name's last watcher went")
 	}
 	w = newWakeups(false)
 	w.handover("n", "mine", dibsHold)

@@ -88,9 +88,9 @@ const (
 	handoverUnlockStmt       = "leader_handover_unlock"
 	handoverSleepStmt        = "leader_handover_sleep"
 	handoverNoticeStmt       = "leader_handover_notice"
-	// waitedAcquireStmt is the acquire statement of a successor that
-	// waits for a prepared handover (acquireWaiting), prepared on the
-	// connection of its wait.
+	// waitedAcquireStmt is the grant statement (statements.grantReleased)
+	// of a successor that waits for a prepared handover
+	// (acquireWaiting), prepared on the connection of its wait.
 	waitedAcquireStmt = "leader_waited_acquire"
 )
 
@@ -489,8 +489,8 @@ func (p *preparedHandover) Abort() {
 // release. dest receives its row, which is acquire's. It reports whether
 // the statement granted the lease: false if the lock was not had in time,
 // or the lease was not found released and free for c (the caller then
-// tries as usual), or err.
-func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.Candidate, ttl, wait time.Duration, dest []any) (bool, error) {
+// tries as usual), or err; and whether the statement ran, granted or not.
+func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.Candidate, ttl, wait time.Duration, dest []any) (granted, ran bool, err error) {
 	// A connection of the store's waits: when every one of them waits
 	// already, this Acquire is an ordinary one unless one comes soon;
 	// otherwise it may take a new one's opening.
@@ -503,16 +503,16 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
-			return false, err
+			return false, false, err
 		}
-		return false, nil
+		return false, false, nil
 	}
 	defer conn.Release()
 	stmt := s.sql.grantReleased
 	if s.warmWaitedAcquire(ctx, conn.Conn()) {
 		stmt = waitedAcquireStmt
 	} else if ctx.Err() != nil {
-		return false, ctx.Err()
+		return false, false, ctx.Err()
 	}
 	ran, errRow, err := waitThenRun(ctx, conn.Conn(), s.handoverKey(name), wait, stmt,
 		[]any{name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)},
@@ -521,15 +521,15 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	case err != nil && !ran && ctx.Err() == nil && !errors.Is(err, errWaitBatch):
 		// The ROLLBACK after a wait that ran out failed: the pool closes
 		// the connection; try as usual.
-		return false, nil
+		return false, false, nil
 	case err != nil:
-		return false, err
+		return false, false, err
 	case errors.Is(errRow, pgx.ErrNoRows):
-		return false, nil // not free for c: try as usual
+		return false, true, nil // not free for c: try as usual
 	case errRow != nil:
-		return false, errRow
+		return false, false, errRow
 	}
-	return ran, nil
+	return ran, ran, nil
 }
 
 // errWaitBatch marks waitThenRun's errors of the batch itself, as

@@ -150,8 +150,9 @@
 // mode (pg_advisory_xact_lock_shared, bounded by lock_timeout: a quarter
 // of its TTL, and never past half of what its context leaves) and then
 // runs a grant statement whose snapshot shows the release: the acquire
-// statement cut down to the one case it expects, a lease released and
-// reserved for it, which it grants as the acquire statement would. Commit
+// statement cut down to the case it expects, a released lease not
+// reserved for another candidate, which it grants as the acquire
+// statement would (with the reservation's reason, or 'release'). Commit
 // sends the release of ReleaseTo and then, in a transaction of its own,
 // the unlock, in one round trip; when the successor waited, the release
 // neither sends its NOTIFY nor looks for a candidate to name in one: the
@@ -287,7 +288,11 @@
 // # One statement per operation
 //
 // Acquire, Renew and Release are each one SQL statement, run outside any
-// explicit transaction, so each is atomic on its own: the row lock taken by
+// explicit transaction, so each is atomic on its own (an Acquire that a
+// release woke by name, or that waited for a prepared handover, may send
+// two: first a grant statement cut to a released lease, which grants
+// nothing if the lease is not so, and then the acquire statement; see
+// Transfers and Wake-ups): the row lock taken by
 // the statement orders concurrent calls for one name, and every decision is
 // made on the row as it stands once locked (PostgreSQL re-reads a row
 // changed by a transaction that committed while the statement waited for its
@@ -675,6 +680,9 @@ type LeaseStore struct {
 	// by name, by the grant of a released lease (see wakeups.named);
 	// tests read it.
 	namedGrants atomic.Int64
+	// namedTries counts the grant statements that Acquire calls woken by
+	// name ran (see wakeups.named), granted or not; tests read it.
+	namedTries atomic.Int64
 	// pooled is set once PrepareHandover found the store behind a
 	// transaction-pooling proxy: it refuses at once from then on.
 	pooled atomic.Bool
@@ -810,7 +818,10 @@ func checkTTL(op, name string, ttl time.Duration) error {
 
 // Acquire implements leader.Store. It grants the lease if it is free,
 // expired, or held by c.Token, in one statement (see the package
-// documentation), and sends a wake-up for a grant. When it grants nothing it
+// documentation; a candidate that a release named, or that waited for a
+// prepared handover, first tries a statement that grants only a released
+// lease, and then, if that granted nothing, the acquire statement), and
+// sends a wake-up for a grant. When it grants nothing it
 // reports the holder and Remaining as computed on the server's clock, and
 // enlists the candidate in the same statement (see leader.Transferer). A
 // lease released and reserved for another candidate (ReleaseTo) is not
@@ -834,7 +845,9 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 	)
 	dest := append([]any{&granted, &r.term, &r.held, &r.holderID, &r.acquiredAt, &r.expiresAt, &r.remaining, &notified, &mine},
 		r.transfer.dest()...)
-	waited := false
+	// waited: the grant of a released lease granted the lease after
+	// waiting for a prepared handover; tried: it ran, granted or not.
+	waited, tried := false, false
 	if s.takePrepared(name, c.Token) {
 		// A handover to c is prepared: wait for it, for a quarter of the
 		// TTL at most, and never past half of what ctx leaves.
@@ -843,17 +856,20 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 			wait = min(wait, time.Until(d)/2)
 		}
 		if wait >= time.Millisecond {
-			waited, err = s.acquireWaiting(ctx, name, c, ttl, wait, dest)
+			waited, tried, err = s.acquireWaiting(ctx, name, c, ttl, wait, dest)
 			if err != nil {
 				return leader.Lease{}, false, wrapError(ctx, call(op, name), err)
 			}
 		}
 	}
 	named := false
-	if !waited && s.takeNamed(name, c.Token) {
+	if s.takeNamed(name, c.Token) && !tried {
 		// A release woke c by name (see wakeups.named): the lease is
 		// most likely free for it. The grant statement cut to that case
-		// first, and the acquire statement only if it grants nothing.
+		// first, and the acquire statement only if it grants nothing
+		// (not again after acquireWaiting ran it: the mark is taken
+		// all the same).
+		s.namedTries.Add(1)
 		err = s.pool.QueryRow(ctx, s.sql.grantReleased, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)).
 			Scan(dest...)
 		switch {
