@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/leaderelect/leader"
 	"github.com/leaderelect/leader/internal/pgtest"
 )
@@ -43,6 +45,26 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 		l, granted, err := succ.Acquire(callCtx(t), "prep", bob, ttl)
 		done <- result{l, granted, err}
 	}()
+	a.smu.Lock()
+	ss := a.sessions[sessionKey{"prep", alice.Token}]
+	a.smu.Unlock()
+	// unlockRuns is how many times alice's session ran the unlock of a
+	// handed-over lease as its prepared statement (its generic plan: a
+	// run by the statement's text would plan it anew, as a custom plan
+	// of an unnamed statement, and count nothing here).
+	unlockRuns := func() int64 {
+		t.Helper()
+		var n int64
+		err := ss.do(callCtx(t), a, false, func(conn *pgx.Conn) error {
+			return conn.QueryRow(callCtx(t), `SELECT generic_plans FROM pg_prepared_statements WHERE statement = $1`,
+				pgx.QueryExecModeSimpleProtocol, a.sql.unlockHandedOver).Scan(&n)
+		})
+		if err != nil {
+			t.Fatalf("alice's session's prepared unlock: %v", err)
+		}
+		return n
+	}
+	runs := unlockRuns()
 	p, err := a.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, 10*time.Second)
 	if err != nil {
 		t.Fatalf("PrepareHandover: %v", err)
@@ -61,6 +83,11 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	}
 	if r.err != nil || !r.granted || r.lease.Term != l.Term+1 {
 		t.Fatalf("the successor's Acquire: %+v granted %v err %v; want granted term %d", r.lease, r.granted, r.err, l.Term+1)
+	}
+	// The unlock on the handover's path ran prepared, neither parsed nor
+	// planned between the release and the successor's grant.
+	if n := unlockRuns(); n != runs+1 {
+		t.Fatalf("alice's session ran the prepared unlock of a handed-over lease %d times in the Commit; want 1", n-runs)
 	}
 	select {
 	case <-forCarol:

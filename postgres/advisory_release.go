@@ -129,7 +129,8 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		args[6] = strconv.AppendInt(nil, int64(interval(h.hold)/time.Microsecond), 10)
 	}
 	// Prepared on the session when it was opened (see planAhead), the
-	// two statements are neither parsed nor planned now (Prepare finds
+	// release and the unlock after it (a prepared handover's too) are
+	// neither parsed nor planned now (Prepare finds
 	// them; if planning ahead failed, it prepares them, a round trip
 	// each); in another query exec mode than pgx's default they are sent
 	// with their text.
@@ -137,15 +138,20 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 	// advisoryStatements.release); if it did, the mark is freed markAfter
 	// later.
 	named := h == nil && len(s.opts.Channel) <= maxCandidateChannel
+	markAfter := h != nil && h.markAfter > 0
 	var release, unlock, mark, rest *pgconn.StatementDescription
 	errRelease, errUnlock, errMark, errRest := errors.ErrUnsupported, errors.ErrUnsupported, errors.ErrUnsupported, errors.ErrUnsupported
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		release, errRelease = conn.Prepare(ctx, s.sql.release, s.sql.release)
-		if named {
+		switch {
+		case named:
 			unlock, errUnlock = conn.Prepare(ctx, s.sql.namedUnlock, s.sql.namedUnlock)
 			mark, errMark = conn.Prepare(ctx, s.sql.namedMark, s.sql.namedMark)
 			rest, errRest = conn.Prepare(ctx, s.sql.unlockRest, s.sql.unlockRest)
-		} else {
+		case markAfter:
+			unlock, errUnlock = conn.Prepare(ctx, s.sql.unlockHandedOver, s.sql.unlockHandedOver)
+			rest, errRest = conn.Prepare(ctx, s.sql.unlockRest, s.sql.unlockRest)
+		default:
 			unlock, errUnlock = conn.Prepare(ctx, s.sql.unlock, s.sql.unlock)
 		}
 	}
@@ -156,7 +162,6 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		p.SendQueryParams(s.sql.release, args, nil, nil, nil)
 	}
 	p.SendPipelineSync()
-	markAfter := h != nil && h.markAfter > 0
 	switch {
 	case markAfter:
 		// The successor's statement, waiting for the handover's lock,
@@ -164,18 +169,11 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		// The lock waiters, which wait on the mark, wake only after the
 		// successor's grant (and find the lease taken, see awaitMark),
 		// rather than beside it.
-		p.SendQueryParams(`WITH lease AS MATERIALIZED (
-	SELECT pg_advisory_unlock($1::bigint) AS ok
-), handover AS MATERIALIZED (
-	SELECT pg_advisory_unlock($2::int4, $3::int4) FROM lease
-)
-SELECT (SELECT ok FROM lease), (SELECT count(*) FROM handover)`,
-			[][]byte{strconv.AppendInt(nil, key, 10), strconv.AppendInt(nil, handoverClass, 10), strconv.AppendInt(nil, int64(s.handoverKey(name)), 10)}, nil, nil, nil)
-		p.SendPipelineSync()
+		sendPrepared(p, s.sql.unlockHandedOver, unlock, errUnlock,
+			[][]byte{strconv.AppendInt(nil, key, 10), strconv.AppendInt(nil, handoverClass, 10), strconv.AppendInt(nil, int64(s.handoverKey(name)), 10)})
 		p.SendQueryParams(`SELECT pg_sleep($1::float8)`, [][]byte{[]byte(strconv.FormatFloat(h.markAfter.Seconds(), 'f', -1, 64))}, nil, nil, nil)
 		p.SendPipelineSync()
-		p.SendQueryParams(s.sql.unlockRest, nil, nil, nil, nil)
-		p.SendPipelineSync()
+		sendPrepared(p, s.sql.unlockRest, rest, errRest, nil)
 	case named:
 		// The named candidate, woken by the notice that the unlock sends
 		// as it commits, takes the lease's lock, freed first. The lock

@@ -16,7 +16,23 @@ type advisoryStatements struct {
 	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, announcedReleaseNotice, unlock, unlockRest, observe, waiter, reserved, heldHere, request string
 	// namedUnlock and namedMark: see namedUnlock and namedMark.
 	namedUnlock, namedMark string
+	// unlockHandedOver: see handedOverUnlock.
+	unlockHandedOver string
 }
+
+// handedOverUnlock is the second statement of a prepared handover's
+// release whose successor waits (see releaseOn): $1 the lease's key, $2
+// and $3 the handover lock's two int4 keys. It unlocks the lease's lock,
+// then the handover's, on which the successor's statement waits, in this
+// order, and returns whether it unlocked the lease's lock, and 1. It is
+// on the handover's path, so it is prepared and planned ahead like the
+// release statement (see planAhead).
+const handedOverUnlock = `WITH lease AS MATERIALIZED (
+	SELECT pg_advisory_unlock($1::bigint) AS ok
+), handover AS MATERIALIZED (
+	SELECT pg_advisory_unlock($2::int4, $3::int4) FROM lease
+)
+SELECT (SELECT ok FROM lease), (SELECT count(*) FROM handover)`
 
 // heldBy returns the SQL query for the backends holding the exclusive
 // advisory lock whose key halves are the parameters hi and lo, in this
@@ -487,8 +503,9 @@ WITH cleared AS MATERIALIZED (
 )
 SELECT true, (SELECT count(*) FROM disarmed)`,
 
-		namedUnlock: namedUnlock(table),
-		namedMark:   namedMark,
+		namedUnlock:      namedUnlock(table),
+		namedMark:        namedMark,
+		unlockHandedOver: handedOverUnlock,
 
 		// Observe: $1 name, $2 and $3 the key's halves.
 		observe: observeRow(table, "$1", "$2", "$3"),

@@ -121,7 +121,8 @@ func TestAdvisorySessionsPlanAhead(t *testing.T) {
 	defer closeConn(conn)
 	wantPlannedAhead(t, conn, map[string]string{"grantQuick": s.sql.grantQuick, "grant": s.sql.grant,
 		"grantLocked": s.sql.grantLocked, "release": s.sql.release, "unlock": s.sql.unlock,
-		"namedUnlock": s.sql.namedUnlock, "namedMark": s.sql.namedMark, "unlockRest": s.sql.unlockRest})
+		"namedUnlock": s.sql.namedUnlock, "namedMark": s.sql.namedMark, "unlockRest": s.sql.unlockRest,
+		"unlockHandedOver": s.sql.unlockHandedOver})
 
 	waiter, err := s.connectWaiter(callCtx(t))
 	if err != nil {
