@@ -24,8 +24,9 @@ import (
 // failover's hold and a name the other strategy took among them, where
 // the acquire statement grants nothing either. A grant's commit is
 // durable; a refusal of a held or reserved lease writes nothing, so its
-// commit waits for no WAL flush. Each statement runs in a transaction
-// that is rolled back, on the same reserved lease.
+// commit waits for no WAL flush. Each statement runs with custom plans
+// and with the generic plan (the store's connections use it), in a
+// transaction that is rolled back, on the same reserved lease.
 func TestGrantReleasedOnlyTakesAFreeLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -59,8 +60,9 @@ func TestGrantReleasedOnlyTakesAFreeLease(t *testing.T) {
 	}
 	// run runs stmt (grantReleased, or acquire to compare) for c on name
 	// after setup, in a transaction that it rolls back, with
-	// synchronous_commit off.
-	run := func(t *testing.T, stmt, name string, c leader.Candidate, setup ...string) outcome {
+	// synchronous_commit off and plan_cache_mode set to mode (the store's
+	// own connections use force_generic_plan; see planAhead).
+	run := func(t *testing.T, mode, stmt, name string, c leader.Candidate, setup ...string) outcome {
 		t.Helper()
 		ctx := callCtx(t)
 		tx, err := b.pool.Begin(ctx)
@@ -68,7 +70,7 @@ func TestGrantReleasedOnlyTakesAFreeLease(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		for _, sql := range append([]string{"SET LOCAL synchronous_commit = off"}, setup...) {
+		for _, sql := range append([]string{"SET LOCAL synchronous_commit = off", "SET LOCAL plan_cache_mode = " + mode}, setup...) {
 			if _, err := tx.Exec(ctx, sql); err != nil {
 				t.Fatalf("%s: %v", sql, err)
 			}
@@ -99,7 +101,7 @@ func TestGrantReleasedOnlyTakesAFreeLease(t *testing.T) {
 		case stmt == s.sql.grantReleased:
 			t.Fatalf("the grant statement returned a row that grants nothing: %+v", r)
 		}
-		if err := tx.QueryRow(ctx, rowSQL+`, pg_current_xact_id_if_assigned() IS NOT NULL, current_setting('synchronous_commit')`,
+		if err := tx.QueryRow(ctx, rowSQL+`, txid_current_if_assigned() IS NOT NULL, current_setting('synchronous_commit')`,
 			name, c.Token, interval(ttl)).Scan(&o.after, &o.wrote, &o.sync); err != nil {
 			t.Fatal(err)
 		}
@@ -115,14 +117,26 @@ func TestGrantReleasedOnlyTakesAFreeLease(t *testing.T) {
 		return o
 	}
 	// granted runs the grant statement and the acquire statement on the
-	// same case, checks that they agree, and returns the grant
-	// statement's outcome.
+	// same case, each with custom plans and with the generic one, checks
+	// that they all agree, and returns the grant statement's outcome
+	// with the generic plan.
 	granted := func(t *testing.T, name string, c leader.Candidate, setup ...string) outcome {
 		t.Helper()
-		g, a := run(t, s.sql.grantReleased, name, c, setup...), run(t, s.sql.acquire, name, c, setup...)
-		if (g.lease != nil) != (a.lease != nil) || g.after != a.after {
-			t.Fatalf("the grant statement granted %v and left %q; the acquire statement granted %v and left %q",
-				g.lease != nil, g.after, a.lease != nil, a.after)
+		var g outcome
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			g = run(t, mode, s.sql.grantReleased, name, c, setup...)
+			a := run(t, mode, s.sql.acquire, name, c, setup...)
+			if (g.lease != nil) != (a.lease != nil) || g.after != a.after {
+				t.Fatalf("%s: the grant statement granted %v and left %q; the acquire statement granted %v and left %q",
+					mode, g.lease != nil, g.after, a.lease != nil, a.after)
+			}
+			// Refused, it wrote nothing (no row lock either): its
+			// transaction has no ID, and its commit waits for no WAL
+			// flush, whatever synchronous_commit is. (A case whose setup
+			// wrote cannot tell.)
+			if g.lease == nil && g.wrote {
+				t.Fatalf("%s: the grant statement granted nothing, but its transaction was given an ID: it wrote", mode)
+			}
 		}
 		if g.lease == nil {
 			if g.after != g.before {
@@ -206,13 +220,6 @@ ON CONFLICT (timeline) DO UPDATE SET seen_at = excluded.seen_at`, opts.qualified
 			g := granted(t, c.name, c.c, c.setup...)
 			if g.lease != nil {
 				t.Fatalf("granted %+v; want no grant", g.lease)
-			}
-			// Refused, it wrote nothing (no row lock either): its
-			// transaction has no ID, and its commit waits for no WAL
-			// flush, whatever synchronous_commit is. (A case whose setup
-			// wrote cannot tell.)
-			if g.wrote {
-				t.Fatalf("the grant statement granted nothing, but its transaction was given an ID: it wrote")
 			}
 		})
 	}

@@ -288,24 +288,26 @@
 // # One statement per operation
 //
 // Acquire, Renew and Release are each one SQL statement, run outside any
-// explicit transaction, so each is atomic on its own (an Acquire that a
-// release woke by name, or that waited for a prepared handover, may send
-// two: first a grant statement cut to a released lease, which grants
-// nothing if the lease is not so, and then the acquire statement; see
-// Transfers and Wake-ups): the row lock taken by
-// the statement orders concurrent calls for one name, and every decision is
-// made on the row as it stands once locked (PostgreSQL re-reads a row
-// changed by a transaction that committed while the statement waited for its
-// lock). Acquire inserts the row or updates it only where it is free,
-// expired or already held by the caller's token; when it grants nothing it
-// reports the row as it stands, locked, so a follower learns the holder and
-// how long the lease has left (only the losers of a race for a name's very
-// first grant cannot see the winner's new row from their statement; they read
-// it with a second one). Renew updates only an unexpired row held by
-// the token under the term, and never inserts. Release clears only such a
-// row and calls pg_notify in the same statement, so the wake-up is sent
-// exactly when the release commits. A new grant sends one too, 5 ms after
-// it commits and only if it still holds then (see Wake-ups).
+// explicit transaction, so each is atomic on its own. (An Acquire may send
+// more, each atomic on its own all the same: one that a release woke by
+// name, or that waited for a prepared handover, first runs a grant statement
+// cut to a released lease, which grants nothing if the lease is not so, the
+// waited one in a transaction of its own after its wait; see Prepared
+// handovers and Wake-ups. One that finds the name not yet the lease
+// strategy's claims it and tries again; see One strategy per name.) The row
+// lock taken by the statement orders concurrent calls for one name, and
+// every decision is made on the row as it stands once locked (PostgreSQL
+// re-reads a row changed by a transaction that committed while the statement
+// waited for its lock). Acquire inserts the row or updates it only where it
+// is free, expired or already held by the caller's token; when it grants
+// nothing it reports the row as it stands, locked, so a follower learns the
+// holder and how long the lease has left (only the losers of a race for a
+// name's very first grant cannot see the winner's new row from their
+// statement; they read it with a second one). Renew updates only an
+// unexpired row held by the token under the term, and never inserts. Release
+// clears only such a row and calls pg_notify in the same statement, so the
+// wake-up is sent exactly when the release commits. A new grant sends one
+// too, 5 ms after it commits and only if it still holds then (see Wake-ups).
 //
 // Renewals are batched: the store is a [leader.BatchRenewer], so the
 // Electors of a process that lead on one LeaseStore with one RenewInterval
