@@ -16,18 +16,18 @@ type advisoryStatements struct {
 	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, announcedReleaseNotice, unlock, unlockRest, observe, waiter, reserved, heldHere, request string
 	// namedUnlock and namedMark: see namedUnlock and namedMark.
 	namedUnlock, namedMark string
-	// unlockHandedOver: see handedOverUnlock.
+	// unlockHandedOver: see unlockHandedOver.
 	unlockHandedOver string
 }
 
-// handedOverUnlock is the second statement of a prepared handover's
+// unlockHandedOver is the second statement of a prepared handover's
 // release whose successor waits (see releaseOn): $1 the lease's key, $2
 // and $3 the handover lock's two int4 keys. It unlocks the lease's lock,
 // then the handover's, on which the successor's statement waits, in this
 // order, and returns whether it unlocked the lease's lock, and 1. It is
 // on the handover's path, so it is prepared and planned ahead like the
 // release statement (see planAhead).
-const handedOverUnlock = `WITH lease AS MATERIALIZED (
+const unlockHandedOver = `WITH lease AS MATERIALIZED (
 	SELECT pg_advisory_unlock($1::bigint) AS ok
 ), handover AS MATERIALIZED (
 	SELECT pg_advisory_unlock($2::int4, $3::int4) FROM lease
@@ -505,7 +505,7 @@ SELECT true, (SELECT count(*) FROM disarmed)`,
 
 		namedUnlock:      namedUnlock(table),
 		namedMark:        namedMark,
-		unlockHandedOver: handedOverUnlock,
+		unlockHandedOver: unlockHandedOver,
 
 		// Observe: $1 name, $2 and $3 the key's halves.
 		observe: observeRow(table, "$1", "$2", "$3"),
