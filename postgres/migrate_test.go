@@ -109,9 +109,10 @@ func TestMigrateQuotesOddSchemaAndTableNames(t *testing.T) {
 // TestLeaseTableLeavesRoomForRenewals checks that the lease table is
 // created with fillfactor 50, so that renewals are heap-only updates, and
 // that they are: a round of renewals of many leases writes no index entry.
+// It runs on a private cluster: see TestHandoverTablesAreVacuumedRarely.
 func TestLeaseTableLeavesRoomForRenewals(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupOn(t, pgtest.NewCluster(t).NewPool(t), Options{})
 	var opts []string
 	if err := b.pool.QueryRow(callCtx(t), `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'public.leader_leases'::regclass`).Scan(&opts); err != nil {
 		t.Fatal(err)
@@ -153,9 +154,10 @@ func TestLeaseTableLeavesRoomForRenewals(t *testing.T) {
 		upd, _ := stats()
 		return upd >= 3*names
 	})
-	// On a quiet server nearly all are (1489 of 1500 measured); on a busy
-	// one a page is pruned later and fewer are (1005 measured while the
-	// package's other tests ran). At the default fillfactor, 13 were.
+	// Nearly all are (1499 of 1500 measured on the private cluster; 1005
+	// on the shared one while the package's other tests ran). The bound
+	// is lower than that, for a page that a concurrent renewal keeps
+	// pinned is not pruned then. At the default fillfactor, 13 were.
 	upd, hot := stats()
 	if hot < upd/2 {
 		t.Errorf("%d of %d updates of the lease table were heap-only; want at least half", hot, upd)
@@ -244,9 +246,16 @@ func TestMigrateLeavesAnUpToDateSchemaAlone(t *testing.T) {
 // many rows: the grants and releases of many names, and candidates
 // enlisted again, write no index entry, so their dead versions are pruned
 // without VACUUM.
+//
+// It runs on a private cluster. A page is pruned only of the versions
+// that no transaction on the server may still see, and a transaction
+// that holds a transaction ID in any database, such as another test's,
+// holds back the pruning of every database: on the shared cluster, one
+// such transaction left open beside this test made 327 of the 600
+// candidates' updates heap-only rather than all of them (seen in CI).
 func TestHandoverTablesAreVacuumedRarely(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.NewPool(t)
+	pool := pgtest.NewCluster(t).NewPool(t)
 	s := setupAdvisory(t, pool, Options{})
 	tables := []string{s.opts.qualifiedAdvisoryTable(), s.opts.qualifiedCandidateTable()}
 	for _, table := range tables {

@@ -281,9 +281,12 @@
 // The table is created with fillfactor 50, so that a renewal, which
 // rewrites its row, finds room on the row's page: a heap-only (HOT)
 // update, which writes no index entry and whose old row is pruned from the
-// page without waiting for VACUUM. A table created by an earlier version
-// has the default (100), where almost no renewal is HOT; ALTER TABLE ...
-// SET (fillfactor = 50), then VACUUM FULL, changes it.
+// page without waiting for VACUUM. The pruning waits for every transaction
+// that began before the row died to end, in any database of the server: a
+// transaction left open holds it back, and the renewals then fill their
+// pages and move to others. A table created by an earlier version has the
+// default (100), where almost no renewal is HOT; ALTER TABLE ... SET
+// (fillfactor = 50), then VACUUM FULL, changes it.
 //
 // # One statement per operation
 //
