@@ -119,7 +119,10 @@ func (p *advisoryPrepared) end() bool {
 // handoverNoticeDelay later, and only if the lease is still free then,
 // and the holder's mark is freed as late, so that neither the listeners
 // nor the lock waiters compete with the successor's grant for the CPU;
-// Commit then returns that much later.
+// Commit then returns that much later. Its release then neither looks
+// for a candidate to name nor removes the holder's own entry among the
+// candidates, which it does after freeing the mark (releaseHandedOver,
+// dropHolder).
 func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
 	if err := checkHandover(p.name, p.term, p.successor, reason, hold); err != nil {
 		p.Abort()

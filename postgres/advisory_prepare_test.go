@@ -15,7 +15,10 @@ import (
 // successor's waiting statement, and that the lock waiter of another
 // process, which wakes once the holder lets go of its mark (freed after
 // the successor's grant), finds the lease taken and wakes none of its
-// followers: woken, each would try beside the new leader's start.
+// followers: woken, each would try beside the new leader's start. The
+// Commit runs its statements prepared, and removes the holder's own entry
+// among the candidates, as a release does, after the successor's grant
+// (dropHolder), leaving the others'.
 func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
@@ -25,6 +28,11 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
 	const ttl = time.Minute
 	l := mustGrant(t, a, "prep", alice, ttl)
+	for _, c := range []leader.Candidate{alice, carol} {
+		if err := a.Enlist(callCtx(t), "prep", c, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	settled := other.watchFreeSettled(t, "prep") // its lock waiter waits on alice's mark
 	forCarol := watchFor(t, other, "prep", carol)
@@ -48,23 +56,37 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	a.smu.Lock()
 	ss := a.sessions[sessionKey{"prep", alice.Token}]
 	a.smu.Unlock()
-	// unlockRuns is how many times alice's session ran the unlock of a
-	// handed-over lease as its prepared statement (its generic plan: a
-	// run by the statement's text would plan it anew, as a custom plan
-	// of an unnamed statement, and count nothing here).
-	unlockRuns := func() int64 {
+	// runs is how many times alice's session ran each of the statements
+	// of a handed-over lease's release as its prepared statement (its
+	// generic plan: a run by the statement's text would plan it anew, as
+	// a custom plan of an unnamed statement, and count nothing here).
+	stmts := map[string]string{"releaseHandedOver": a.sql.releaseHandedOver, "unlockHandedOver": a.sql.unlockHandedOver,
+		"dropHolder": a.sql.dropHolder}
+	runs := func() map[string]int64 {
 		t.Helper()
-		var n int64
-		err := ss.do(callCtx(t), a, false, func(conn *pgx.Conn) error {
-			return conn.QueryRow(callCtx(t), `SELECT generic_plans FROM pg_prepared_statements WHERE statement = $1`,
-				pgx.QueryExecModeSimpleProtocol, a.sql.unlockHandedOver).Scan(&n)
-		})
-		if err != nil {
-			t.Fatalf("alice's session's prepared unlock: %v", err)
+		ns := map[string]int64{}
+		for what, sql := range stmts {
+			var n int64
+			err := ss.do(callCtx(t), a, false, func(conn *pgx.Conn) error {
+				return conn.QueryRow(callCtx(t), `SELECT generic_plans FROM pg_prepared_statements WHERE statement = $1`,
+					pgx.QueryExecModeSimpleProtocol, sql).Scan(&n)
+			})
+			if err != nil {
+				t.Fatalf("alice's session's prepared %s: %v", what, err)
+			}
+			ns[what] = n
 		}
-		return n
+		return ns
 	}
-	runs := unlockRuns()
+	before := runs()
+	// Run while alice still holds the lease (as after a release that
+	// released nothing), the removal leaves her entry.
+	if _, err := pool.Exec(callCtx(t), a.sql.dropHolder, "prep", alice.Token); err != nil {
+		t.Fatal(err)
+	}
+	if !enlisted(t, a, "prep", alice) {
+		t.Fatal("the removal of the holder's entry, run while the holder holds the lease, removed it")
+	}
 	p, err := a.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, 10*time.Second)
 	if err != nil {
 		t.Fatalf("PrepareHandover: %v", err)
@@ -84,10 +106,19 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	if r.err != nil || !r.granted || r.lease.Term != l.Term+1 {
 		t.Fatalf("the successor's Acquire: %+v granted %v err %v; want granted term %d", r.lease, r.granted, r.err, l.Term+1)
 	}
-	// The unlock on the handover's path ran prepared, neither parsed nor
-	// planned between the release and the successor's grant.
-	if n := unlockRuns(); n != runs+1 {
-		t.Fatalf("alice's session ran the prepared unlock of a handed-over lease %d times in the Commit; want 1", n-runs)
+	// The release and the unlock on the handover's path ran prepared,
+	// neither parsed nor planned between the release and the successor's
+	// grant, and so did the removal of alice's entry after it.
+	for what, n := range runs() {
+		if n != before[what]+1 {
+			t.Errorf("alice's session ran the prepared %s %d times in the Commit; want 1", what, n-before[what])
+		}
+	}
+	if enlisted(t, a, "prep", alice) {
+		t.Error("the holder's entry is still among the candidates after the Commit")
+	}
+	if !enlisted(t, a, "prep", carol) {
+		t.Error("the Commit removed another candidate's entry")
 	}
 	select {
 	case <-forCarol:

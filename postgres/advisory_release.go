@@ -139,10 +139,17 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 	// later.
 	named := h == nil && len(s.opts.Channel) <= maxCandidateChannel
 	markAfter := h != nil && h.markAfter > 0
-	var release, unlock, mark, rest *pgconn.StatementDescription
-	errRelease, errUnlock, errMark, errRest := errors.ErrUnsupported, errors.ErrUnsupported, errors.ErrUnsupported, errors.ErrUnsupported
+	// A prepared handover's release leaves the holder's own entry among
+	// the candidates to a statement after the successor's grant
+	// (releaseHandedOver, dropHolder).
+	releaseSQL, releaseArgs := s.sql.release, args
+	if markAfter {
+		releaseSQL, releaseArgs = s.sql.releaseHandedOver, args[:7]
+	}
+	var release, unlock, mark, rest, drop *pgconn.StatementDescription
+	errRelease, errUnlock, errMark, errRest, errDrop := errors.ErrUnsupported, errors.ErrUnsupported, errors.ErrUnsupported, errors.ErrUnsupported, errors.ErrUnsupported
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
-		release, errRelease = conn.Prepare(ctx, s.sql.release, s.sql.release)
+		release, errRelease = conn.Prepare(ctx, releaseSQL, releaseSQL)
 		switch {
 		case named:
 			unlock, errUnlock = conn.Prepare(ctx, s.sql.namedUnlock, s.sql.namedUnlock)
@@ -151,17 +158,13 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		case markAfter:
 			unlock, errUnlock = conn.Prepare(ctx, s.sql.unlockHandedOver, s.sql.unlockHandedOver)
 			rest, errRest = conn.Prepare(ctx, s.sql.unlockRest, s.sql.unlockRest)
+			drop, errDrop = conn.Prepare(ctx, s.sql.dropHolder, s.sql.dropHolder)
 		default:
 			unlock, errUnlock = conn.Prepare(ctx, s.sql.unlock, s.sql.unlock)
 		}
 	}
 	p := conn.PgConn().StartPipeline(ctx)
-	if errRelease == nil {
-		p.SendQueryPrepared(release.Name, args, nil, nil)
-	} else {
-		p.SendQueryParams(s.sql.release, args, nil, nil, nil)
-	}
-	p.SendPipelineSync()
+	sendPrepared(p, releaseSQL, release, errRelease, releaseArgs)
 	switch {
 	case markAfter:
 		// The successor's statement, waiting for the handover's lock,
@@ -174,6 +177,7 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		p.SendQueryParams(`SELECT pg_sleep($1::float8)`, [][]byte{[]byte(strconv.FormatFloat(h.markAfter.Seconds(), 'f', -1, 64))}, nil, nil, nil)
 		p.SendPipelineSync()
 		sendPrepared(p, s.sql.unlockRest, rest, errRest, nil)
+		sendPrepared(p, s.sql.dropHolder, drop, errDrop, args[:2])
 	case named:
 		// The named candidate, woken by the notice that the unlock sends
 		// as it commits, takes the lease's lock, freed first. The lock
@@ -206,8 +210,12 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		// (the next call on it finds it closed).
 		_, err3 := pipelineRow(p)
 		_, err4 := pipelineRow(p)
-		if err := errors.Join(err3, err4, p.Close()); err != nil {
-			s.log.Debug("freeing a released lease's mark failed; the session is closed, which frees it",
+		var err5 error
+		if markAfter {
+			_, err5 = pipelineRow(p)
+		}
+		if err := errors.Join(err3, err4, err5, p.Close()); err != nil {
+			s.log.Debug("freeing a released lease's mark, or removing the holder's entry among the candidates, failed; the session is closed, which frees the mark",
 				slog.String("election", name), slog.Any("error", err))
 			closeConn(conn)
 			// The session's own notice (see notifyLater) will find it

@@ -88,6 +88,7 @@ const (
 	handoverUnlockStmt       = "leader_handover_unlock"
 	handoverSleepStmt        = "leader_handover_sleep"
 	handoverNoticeStmt       = "leader_handover_notice"
+	handoverDropStmt         = "leader_handover_drop"
 	// waitedAcquireStmt is the grant statement (statements.grantReleased)
 	// of a successor that waits for a prepared handover
 	// (acquireWaiting), prepared on the connection of its wait.
@@ -208,6 +209,7 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 		{handoverUnlockStmt, handoverUnlock},
 		{handoverSleepStmt, `SELECT pg_sleep($1)`},
 		{handoverNoticeStmt, s.sql.freedNotice},
+		{handoverDropStmt, s.sql.dropHolder},
 	} {
 		if _, err = conn.Conn().Prepare(ctx, st.name, st.sql); err != nil {
 			break
@@ -418,9 +420,13 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 		pl.SendPipelineSync()
 		pl.SendQueryPrepared(handoverNoticeStmt, [][]byte{[]byte(p.name), []byte(s.opts.Channel)}, nil, nil)
 		pl.SendPipelineSync()
+		pl.SendQueryPrepared(handoverDropStmt, [][]byte{[]byte(p.name), []byte(p.token)}, nil, nil)
+		pl.SendPipelineSync()
 	}
 	// The release and the unlock decide the outcome; the deferred
-	// notice's failure only costs the wake-ups it would have sent.
+	// notice's failure only costs the wake-ups it would have sent, and the
+	// removal's leaves the holder's entry among the candidates until it
+	// runs out or the holder enlists again.
 	var first, second [][]byte
 	err := pl.Flush()
 	if err == nil {
@@ -433,7 +439,8 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 	if err == nil && quiet {
 		_, err3 := pipelineRow(pl)
 		_, err4 := pipelineRow(pl)
-		errNotice = errors.Join(err3, err4)
+		_, err5 := pipelineRow(pl)
+		errNotice = errors.Join(err3, err4, err5)
 	}
 	err = errors.Join(err, pl.Close())
 	if err == nil && (len(first) < 1 || len(second) < 1) {
@@ -446,7 +453,7 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 	if err != nil || errNotice != nil {
 		// The release and the unlock were answered; what failed after
 		// them leaves the connection in doubt.
-		s.opts.Logger.Debug("the deferred notice of a prepared handover failed; followers other than the successor wake at their own time",
+		s.opts.Logger.Debug("the deferred notice of a prepared handover, or the removal of the holder's entry among the candidates, failed; followers other than the successor wake at their own time",
 			slog.String("name", p.name), slog.Any("error", errors.Join(err, errNotice)))
 		closeHijacked(conn)
 	} else if string(second[0]) != "t" {

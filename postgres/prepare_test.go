@@ -115,13 +115,28 @@ func mustPrepare(t *testing.T, s *LeaseStore, name string, from leader.Candidate
 // whose handover was prepared waits in its Acquire, on the server, while
 // the lease stays held and renewable, and is granted the lease with the
 // next term by the commit alone: its store's listener is closed before
-// the commit, so no notification can be what woke it.
+// the commit, so no notification can be what woke it. The Commit removes
+// the holder's own entry among the candidates, as a release does, after
+// the successor's grant (dropHolder), and leaves the others'.
 func TestPreparedHandoverGrantsAsTheReleaseCommits(t *testing.T) {
 	t.Parallel()
 	a := setup(t)
-	alice, bob := candidate("alice"), candidate("bob")
+	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
 	const ttl = 20 * time.Second
 	l := mustGrant(t, a.store, "prep", alice, ttl)
+	for _, c := range []leader.Candidate{alice, carol} {
+		if err := a.store.Enlist(callCtx(t), "prep", c, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Run while alice still holds the lease (as after a release that
+	// released nothing), the removal leaves her entry.
+	if _, err := a.pool.Exec(callCtx(t), a.store.sql.dropHolder, "prep", alice.Token); err != nil {
+		t.Fatal(err)
+	}
+	if !enlisted(t, a.store, "prep", alice) {
+		t.Fatal("the removal of the holder's entry, run while the holder holds the lease, removed it")
+	}
 	succ := position(t, a, "prep", bob, ttl)
 
 	p := mustPrepare(t, a.store, "prep", alice, l.Term, bob)
@@ -144,6 +159,12 @@ func TestPreparedHandoverGrantsAsTheReleaseCommits(t *testing.T) {
 	}
 	if d := r.at.Sub(committed); d > ttl/4 {
 		t.Fatalf("the successor was granted %v after the commit, past its wait of TTL/4", d)
+	}
+	if enlisted(t, a.store, "prep", alice) {
+		t.Error("the holder's entry is still among the candidates after the Commit")
+	}
+	if !enlisted(t, a.store, "prep", carol) {
+		t.Error("the Commit removed another candidate's entry")
 	}
 	if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err == nil {
 		t.Fatal("a second Commit of the same prepared handover succeeded")

@@ -155,10 +155,12 @@
 // statement would (with the reservation's reason, or 'release'). Commit
 // sends the release of ReleaseTo and then, in a transaction of its own,
 // the unlock, in one round trip; when the successor waited, the release
-// neither sends its NOTIFY nor looks for a candidate to name in one: the
-// NOTIFY is sent only 5 ms later, by the same round trip, and only if the
-// lease is still free (a NOTIFY wakes the backend and the process of every
-// listener, which would compete for the CPU with the successor's grant).
+// neither sends its NOTIFY, nor looks for a candidate to name in one, nor
+// removes the holder's own entry among the candidates: the NOTIFY is sent
+// only 5 ms later, by the same round trip, and only if the lease is still
+// free (a NOTIFY wakes the backend and the process of every listener,
+// which would compete for the CPU with the successor's grant), and the
+// entry is removed after it.
 // The grant, like every grant, sends its NOTIFY 5 ms later (see
 // Wake-ups). Both sides have the server plan their
 // statements before the commit, outside any transaction, under

@@ -24,10 +24,12 @@ type statements struct {
 	// grantNotice sends the NOTIFY of a grant if the grant still holds:
 	// the acquire statement sends none (see LeaseStore.noticeGrantLater).
 	grantNotice string
-	// releaseQuiet is release without its NOTIFY, and freedNotice sends
-	// that NOTIFY if the lease is still free (a prepared handover's
-	// Commit: see preparedHandover.Commit).
-	releaseQuiet, freedNotice string
+	// releaseQuiet is release without its NOTIFY, and without the
+	// removal of the holder's entry among the candidates, which
+	// dropHolder makes later; freedNotice sends that NOTIFY if the lease
+	// is still free (a prepared handover's Commit whose successor waits:
+	// see preparedHandover.Commit).
+	releaseQuiet, freedNotice, dropHolder string
 }
 
 // expiry returns the SQL expression for when the lease of row l runs out,
@@ -165,11 +167,26 @@ func dropHolderCandidate(table, holder string) string {
 )`, table, holder)
 }
 
+// dropReleasedHolder returns the statement that removes the holder's own
+// entry among the candidates (table) after a prepared handover's release
+// that left it (a statement of its own, after the successor's grant): $1
+// name, $2 the holder's token. As a release's own removal (see
+// dropHolderCandidate), but only if the row of name in leases (the
+// strategy's table) no longer names the token as its holder: a release
+// that released nothing leaves the entry, as the release statement does.
+func dropReleasedHolder(table, leases string) string {
+	return fmt.Sprintf(`DELETE FROM %s AS c
+	WHERE c.name = $1 AND c.token = $2
+		AND NOT EXISTS (SELECT FROM %s AS l WHERE l.name = $1 AND l.holder_token = $2)`, table, leases)
+}
+
 func newStatements(opts Options) statements {
 	table, hb, st := opts.qualifiedTable(), opts.qualifiedHeartbeatTable(), opts.qualifiedStrategyTable()
 	// released is the CTE of the release statements that frees the
 	// lease and records the reservation ($1 to $8, as for release).
-	released := fmt.Sprintf(`released AS (
+	// releasedOnly is that CTE without the removal of the holder's entry
+	// among the candidates (releaseQuiet).
+	releasedOnly := fmt.Sprintf(`released AS (
 	UPDATE %[1]s AS l
 	SET (holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, released_at, %[3]s) = (
 		NULL, '', NULL, NULL, NULL, NULL, c.now, NULL, NULL, NULL, $5, $6, $7, c.now + $8::interval)
@@ -177,7 +194,8 @@ func newStatements(opts Options) statements {
 	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3
 		AND %[2]s > clock_timestamp()
 	RETURNING l.name, l.successor_token, l.reserved_until
-), %[4]s`, table, expiry(hb), clearedTransfer, dropHolderCandidate(opts.qualifiedCandidateTable(), "$2"))
+)`, table, expiry(hb), clearedTransfer)
+	released := releasedOnly + ", " + dropHolderCandidate(opts.qualifiedCandidateTable(), "$2")
 	// release is the release statement, whose NOTIFY is the expression
 	// notify, and which says whether it was sent on a candidate channel
 	// (the boolean expression targeted, where dibs is).
@@ -386,11 +404,12 @@ RETURNING l.name, l.holder_token, l.term, l.holder_id, l.acquired_at, l.expires_
 
 		// releaseQuiet is release without a NOTIFY: $4 is not used but
 		// for its type. It does not look for the candidate to wake first
-		// either (firstCandidate), which only a notice names, so that a
-		// prepared handover's commit, which waits for it, is as short as
-		// it can be.
+		// either (firstCandidate), which only a notice names, nor remove
+		// the holder's own entry among the candidates (dropHolder does,
+		// after the notice), so that a prepared handover's commit, which
+		// its successor waits for, is as short as it can be.
 		releaseQuiet: `
-WITH ` + released + `, notified AS (
+WITH ` + releasedOnly + `, notified AS (
 	SELECT $4::text AS sent FROM released
 )
 SELECT count(*), false FROM notified`,
@@ -404,6 +423,10 @@ WITH free AS MATERIALIZED (
 	SELECT name, successor_token, reserved_until FROM %[1]s WHERE name = $1 AND holder_token IS NULL FOR UPDATE
 )
 SELECT pg_notify($2, %[2]s) FROM free`, table, freedPayload),
+
+		// The removal of the holder's own entry among the candidates
+		// after a quiet release (releaseQuiet): see dropReleasedHolder.
+		dropHolder: dropReleasedHolder(opts.qualifiedCandidateTable(), table),
 
 		// The NOTIFY of a grant, if the lease is still held by it: $1
 		// name, $2 the holder's token, $3 its term, $4 channel. "held"
