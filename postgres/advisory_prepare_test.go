@@ -78,7 +78,6 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 		}
 		return ns
 	}
-	before := runs()
 	// Run while alice still holds the lease (as after a release that
 	// released nothing), the removal leaves her entry.
 	if _, err := pool.Exec(callCtx(t), a.sql.dropHolder, "prep", alice.Token); err != nil {
@@ -87,6 +86,19 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	if !enlisted(t, a, "prep", alice) {
 		t.Fatal("the removal of the holder's entry, run while the holder holds the lease, removed it")
 	}
+	// The release on the successor's path leaves it (run here on alice's
+	// session, in a transaction rolled back).
+	err := ss.do(callCtx(t), a, false, func(conn *pgx.Conn) error {
+		if n := entriesAfter(t, conn, a.opts, "prep", alice, a.sql.releaseHandedOver,
+			"prep", alice.Token, int64(l.Term), bob.Token, bob.ID, string(leader.GrantTransfer), int64(ttl/time.Microsecond)); n != 1 {
+			t.Errorf("after the handed-over release, in its transaction, the holder has %d entries among the candidates; want 1", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runs()
 	p, err := a.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, 10*time.Second)
 	if err != nil {
 		t.Fatalf("PrepareHandover: %v", err)
@@ -119,6 +131,16 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	}
 	if !enlisted(t, a, "prep", carol) {
 		t.Error("the Commit removed another candidate's entry")
+	}
+	// An entry enlisted again after the release stays.
+	if err := a.Enlist(callCtx(t), "prep", alice, ttl); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(callCtx(t), a.sql.dropHolder, "prep", alice.Token); err != nil {
+		t.Fatal(err)
+	}
+	if !enlisted(t, a, "prep", alice) {
+		t.Error("the removal of the holder's entry removed one enlisted after the release")
 	}
 	select {
 	case <-forCarol:

@@ -119,7 +119,10 @@ func endedByServer(err error) bool {
 // releaseOn runs the release's two statements on the holder's
 // connection, in one round trip: each is a transaction of its own, so the
 // row is free (and reserved as h says, if h is not nil) before the lock is
-// (see advisoryStatements.release). The unlock runs even if the first
+// (see advisoryStatements.release). A prepared handover whose successor
+// waits (h.markAfter) runs the release cut to the row's update
+// (releaseHandedOver), and, after the rest, the removal of the holder's
+// own entry among the candidates (dropHolder). The unlock runs even if the first
 // statement failed or released nothing; the caller then closes the
 // session anyway.
 func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, token string, term uint64, key int64, h *reservation) (released, unlocked bool, err error) {

@@ -383,8 +383,10 @@ func closeHijacked(c *pgxpool.Conn) {
 // the lease released and reserved for it. When the successor waited, the
 // release's NOTIFY is left out of its statement, and sent by two more in
 // the same round trip, handoverNoticeDelay later, if the lease is still
-// free: then Commit returns after that delay. If the statements fail, the
-// connection is closed, which frees the lock.
+// free; the removal of the holder's own entry among the candidates is
+// left out too, and made by a last statement (dropReleasedHolder): then
+// Commit returns after that delay. If the statements fail, the connection
+// is closed, which frees the lock.
 func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
 	s := p.s
 	if err := checkHandover(p.name, p.term, p.successor, reason, hold); err != nil {
@@ -425,8 +427,8 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 	}
 	// The release and the unlock decide the outcome; the deferred
 	// notice's failure only costs the wake-ups it would have sent, and the
-	// removal's leaves the holder's entry among the candidates until it
-	// runs out or the holder enlists again.
+	// removal's leaves the holder's entry among the candidates, with its
+	// place in the queue (see firstCandidate), until it runs out.
 	var first, second [][]byte
 	err := pl.Flush()
 	if err == nil {
@@ -453,7 +455,7 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 	if err != nil || errNotice != nil {
 		// The release and the unlock were answered; what failed after
 		// them leaves the connection in doubt.
-		s.opts.Logger.Debug("the deferred notice of a prepared handover, or the removal of the holder's entry among the candidates, failed; followers other than the successor wake at their own time",
+		s.opts.Logger.Debug("the deferred notice of a prepared handover, or the removal of the holder's entry among the candidates after it, failed; the connection is closed",
 			slog.String("name", p.name), slog.Any("error", errors.Join(err, errNotice)))
 		closeHijacked(conn)
 	} else if string(second[0]) != "t" {

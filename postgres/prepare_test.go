@@ -137,6 +137,12 @@ func TestPreparedHandoverGrantsAsTheReleaseCommits(t *testing.T) {
 	if !enlisted(t, a.store, "prep", alice) {
 		t.Fatal("the removal of the holder's entry, run while the holder holds the lease, removed it")
 	}
+	// The release on the successor's path leaves it (run here in a
+	// transaction rolled back).
+	if entries := entriesAfter(t, a.pool, a.store.opts, "prep", alice, a.store.sql.releaseQuiet,
+		"prep", alice.Token, int64(l.Term), a.store.opts.Channel, bob.Token, bob.ID, string(leader.GrantTransfer), ttl); entries != 1 {
+		t.Fatalf("after the quiet release, in its transaction, the holder has %d entries among the candidates; want 1", entries)
+	}
 	succ := position(t, a, "prep", bob, ttl)
 
 	p := mustPrepare(t, a.store, "prep", alice, l.Term, bob)
@@ -166,10 +172,42 @@ func TestPreparedHandoverGrantsAsTheReleaseCommits(t *testing.T) {
 	if !enlisted(t, a.store, "prep", carol) {
 		t.Error("the Commit removed another candidate's entry")
 	}
+	// An entry enlisted again after the release stays.
+	if err := a.store.Enlist(callCtx(t), "prep", alice, ttl); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.pool.Exec(callCtx(t), a.store.sql.dropHolder, "prep", alice.Token); err != nil {
+		t.Fatal(err)
+	}
+	if !enlisted(t, a.store, "prep", alice) {
+		t.Error("the removal of the holder's entry removed one enlisted after the release")
+	}
 	if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err == nil {
 		t.Fatal("a second Commit of the same prepared handover succeeded")
 	}
 	p.Abort() // does nothing once committed
+}
+
+// entriesAfter runs sql with args in a transaction on q, rolled back, and
+// returns how many entries c has among the candidates of name in it.
+func entriesAfter(t *testing.T, q interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, opts Options, name string, c leader.Candidate, sql string, args ...any) int {
+	t.Helper()
+	tx, err := q.Begin(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // rolled back on purpose
+	if _, err := tx.Exec(callCtx(t), sql, args...); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := tx.QueryRow(callCtx(t), `SELECT count(*) FROM `+opts.qualifiedCandidateTable()+` WHERE name = $1 AND token = $2`,
+		name, c.Token).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestPreparedHandoverAborted checks that an aborted preparation, and one

@@ -192,7 +192,9 @@
 // the others after its reservation. A preparation needs a session of
 // its own: behind a transaction-pooling proxy PrepareHandover fails, and
 // the Elector hands over with ReleaseTo. Close aborts the preparations
-// not yet ended. The advisory strategy does not prepare handovers.
+// not yet ended. The advisory strategy prepares handovers too, on the
+// holder's own session (see "Handovers" in the AdvisoryStore's
+// documentation).
 //
 // # Connection poolers
 //

@@ -145,8 +145,11 @@ func candidateChannelSQL(channel string) string {
 // connections and its listener are the least likely to be ready, and one named that
 // does not take the lease at once costs the handover the others' wait. A
 // release removes the holder's own entry (see dropHolderCandidate), so
-// that a leader that let go queues behind the candidates that waited. Ties
-// (the entries of one statement) go by token.
+// that a leader that let go queues behind the candidates that waited; a
+// prepared handover's whose successor waits removes it at the end of its
+// Commit, about 5 ms after the successor's grant (see
+// dropReleasedHolder), and a release by the new leader within those 5 ms
+// may name the old one. Ties (the entries of one statement) go by token.
 func firstCandidate(table, name, holder string) string {
 	return fmt.Sprintf(`SELECT c.token AS first_token FROM %s AS c
 	WHERE c.name = %s AND c.token <> %s AND c.expires_at > clock_timestamp()
@@ -172,12 +175,16 @@ func dropHolderCandidate(table, holder string) string {
 // that left it (a statement of its own, after the successor's grant): $1
 // name, $2 the holder's token. As a release's own removal (see
 // dropHolderCandidate), but only if the row of name in leases (the
-// strategy's table) no longer names the token as its holder: a release
-// that released nothing leaves the entry, as the release statement does.
+// strategy's table) was released after the entry was last enlisted (its
+// released_at, which grants leave alone, after the entry's refreshed_at)
+// and does not name the token as its holder: an entry that the holder
+// enlisted again after the release stays, and so does one whose holder
+// still holds the lease.
 func dropReleasedHolder(table, leases string) string {
 	return fmt.Sprintf(`DELETE FROM %s AS c
 	WHERE c.name = $1 AND c.token = $2
-		AND NOT EXISTS (SELECT FROM %s AS l WHERE l.name = $1 AND l.holder_token = $2)`, table, leases)
+		AND EXISTS (SELECT FROM %s AS l WHERE l.name = $1 AND l.released_at > c.refreshed_at
+			AND l.holder_token IS DISTINCT FROM $2)`, table, leases)
 }
 
 func newStatements(opts Options) statements {
