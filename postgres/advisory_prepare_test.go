@@ -80,10 +80,7 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	}
 	// Run while alice still holds the lease (as after a release that
 	// released nothing), the removal leaves her entry.
-	if _, err := pool.Exec(callCtx(t), a.sql.dropHolder, "prep", alice.Token); err != nil {
-		t.Fatal(err)
-	}
-	if !enlisted(t, a, "prep", alice) {
+	if !dropLeaves(t, pool, a, a.sql.dropHolder, "prep", alice) {
 		t.Fatal("the removal of the holder's entry, run while the holder holds the lease, removed it")
 	}
 	// The release on the successor's path leaves it (run here on alice's
@@ -136,10 +133,7 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	if err := a.Enlist(callCtx(t), "prep", alice, ttl); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(callCtx(t), a.sql.dropHolder, "prep", alice.Token); err != nil {
-		t.Fatal(err)
-	}
-	if !enlisted(t, a, "prep", alice) {
+	if !dropLeaves(t, pool, a, a.sql.dropHolder, "prep", alice) {
 		t.Error("the removal of the holder's entry removed one enlisted after the release")
 	}
 	select {

@@ -519,7 +519,7 @@ SELECT true, (SELECT count(*) FROM disarmed)`,
 		// nor removes the holder's own entry among the candidates, which
 		// dropHolder does once the successor's grant has had its turn: on
 		// the handover's path, the release did both in 0.64 ms p50 (the
-		// server's clock, in the bench), and this does the rest in 0.45.
+		// server's clock, in the bench), this takes 0.45 ms.
 		// Returns 1 if released, and false.
 		releaseHandedOver: fill(`
 WITH ` + released + `

@@ -131,10 +131,7 @@ func TestPreparedHandoverGrantsAsTheReleaseCommits(t *testing.T) {
 	}
 	// Run while alice still holds the lease (as after a release that
 	// released nothing), the removal leaves her entry.
-	if _, err := a.pool.Exec(callCtx(t), a.store.sql.dropHolder, "prep", alice.Token); err != nil {
-		t.Fatal(err)
-	}
-	if !enlisted(t, a.store, "prep", alice) {
+	if !dropLeaves(t, a.pool, a.store, a.store.sql.dropHolder, "prep", alice) {
 		t.Fatal("the removal of the holder's entry, run while the holder holds the lease, removed it")
 	}
 	// The release on the successor's path leaves it (run here in a
@@ -176,16 +173,24 @@ func TestPreparedHandoverGrantsAsTheReleaseCommits(t *testing.T) {
 	if err := a.store.Enlist(callCtx(t), "prep", alice, ttl); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.pool.Exec(callCtx(t), a.store.sql.dropHolder, "prep", alice.Token); err != nil {
-		t.Fatal(err)
-	}
-	if !enlisted(t, a.store, "prep", alice) {
+	if !dropLeaves(t, a.pool, a.store, a.store.sql.dropHolder, "prep", alice) {
 		t.Error("the removal of the holder's entry removed one enlisted after the release")
 	}
 	if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err == nil {
 		t.Fatal("a second Commit of the same prepared handover succeeded")
 	}
 	p.Abort() // does nothing once committed
+}
+
+// dropLeaves runs drop, a store's removal of the holder's own entry among
+// the candidates (dropHolder), for c's token on pool, and reports whether
+// c is still enlisted in s.
+func dropLeaves(t *testing.T, pool *pgxpool.Pool, s leader.Transferer, drop, name string, c leader.Candidate) bool {
+	t.Helper()
+	if _, err := pool.Exec(callCtx(t), drop, name, c.Token); err != nil {
+		t.Fatal(err)
+	}
+	return enlisted(t, s, name, c)
 }
 
 // entriesAfter runs sql with args in a transaction on q, rolled back, and

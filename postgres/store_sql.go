@@ -146,7 +146,7 @@ func candidateChannelSQL(channel string) string {
 // does not take the lease at once costs the handover the others' wait. A
 // release removes the holder's own entry (see dropHolderCandidate), so
 // that a leader that let go queues behind the candidates that waited; a
-// prepared handover's whose successor waits removes it at the end of its
+// prepared handover whose successor waits removes it at the end of its
 // Commit, about 5 ms after the successor's grant (see
 // dropReleasedHolder), and a release by the new leader within those 5 ms
 // may name the old one. Ties (the entries of one statement) go by token.
