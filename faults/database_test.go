@@ -321,19 +321,28 @@ func (s *databaseScenario) newCandidate(t *testing.T, dir, id string) *databaseC
 }
 
 // awaitLeader waits for a leader with a term of at least atLeast that has
-// had a few writes accepted.
+// had a few writes accepted, and for every candidate to have had a store
+// call answered. The faults strike a group that runs: an Elector that has
+// had no answer yet ends its Run once the store has refused it as
+// read-only for a TTL (a standby at start, see leader.ErrPermanent), and
+// on a loaded machine a follower's first attempts may still be timing out
+// (opening its session) when the first trial's fault begins.
 func (s *databaseScenario) awaitLeader(t *testing.T, atLeast uint64, within time.Duration) (*databaseCandidate, uint64) {
 	t.Helper()
 	var cur *databaseCandidate
 	var term uint64
-	electortest.Eventually(t, within, fmt.Sprintf("a leader with a term of at least %d that has written", atLeast), func() bool {
+	electortest.Eventually(t, within, fmt.Sprintf("a leader with a term of at least %d that has written, and every candidate answered", atLeast), func() bool {
+		cur = nil
 		for _, c := range s.cands {
-			if st := c.e.Status(); st.IsLeader && st.Term >= atLeast && s.fence.written(st.Term) >= 3 {
+			st := c.e.Status()
+			if st.LastContact.IsZero() {
+				return false
+			}
+			if st.IsLeader && st.Term >= atLeast && s.fence.written(st.Term) >= 3 {
 				cur, term = c, st.Term
-				return true
 			}
 		}
-		return false
+		return cur != nil
 	})
 	return cur, term
 }

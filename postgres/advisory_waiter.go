@@ -313,25 +313,20 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		if err != nil {
 			return err // waitLoop wakes the watchers
 		}
-		if kept {
-			continue
-		}
 		// A release unlocks the lock before the mark. A session that
 		// ended frees its locks one lock partition after another, so its
 		// lock may outlast its mark by a moment: a candidate woken now
 		// that finds the lock still held by that backend looks again
 		// (see lingering), and this lock waiter's next look wakes the
 		// watchers again if it finds the lock held (owed), or free with
-		// the row still naming that backend (gone).
-		// The term tells this holder's tenure from an earlier one of the
-		// same backend (see graceLeft); 0 if the row did not name it.
-		f := freeing{pid: *holder, at: time.Now()}
-		if rowHolder != nil && *rowHolder == *holder && rowTerm != nil {
-			f.term = *rowTerm
+		// the row still naming that backend (gone). The sighting is
+		// recorded also when the lock was kept: the next look, which
+		// finds the lock free, records none, and a candidate would wait
+		// the whole TakeoverGrace for a holder seen going.
+		s.sawFreed(name, *holder, rowHolder, rowTerm)
+		if kept {
+			continue
 		}
-		s.smu.Lock()
-		s.freed[name] = f
-		s.smu.Unlock()
 		owed, gone, wokeFor = false, *holder, *holder
 		taken := now.pid != 0 && now.pid != *holder
 		s.wakeFor(name, h, taken)
@@ -355,6 +350,21 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			return err
 		}
 	}
+}
+
+// sawFreed records that name's lock waiter saw the mark of the holder of
+// backend pid freed, now (see graceLeft and lingering). The term tells
+// this holder's tenure from an earlier one of the same backend: the
+// row's, read with the wait (rowHolder, rowTerm), if the row named that
+// backend, and 0 (unknown, which counts for nothing) otherwise.
+func (s *AdvisoryStore) sawFreed(name string, pid int32, rowHolder *int32, rowTerm *int64) {
+	f := freeing{pid: pid, at: time.Now()}
+	if rowHolder != nil && *rowHolder == pid && rowTerm != nil {
+		f.term = *rowTerm
+	}
+	s.smu.Lock()
+	s.freed[name] = f
+	s.smu.Unlock()
 }
 
 // wakeFor wakes the watchers of name once its holder has let go (see

@@ -629,8 +629,9 @@
 // succeeded, so that a misconfigured service fails at start; after one has
 // succeeded, it logs them at ERROR, shows them in Status.Problem (and
 // leaderhttp's /healthz), and retries with backoff, since a DBA may mend
-// the grants while the service runs. A server that stays read-only for a
-// whole TTL from the start (a standby) ends Run the same way.
+// the grants while the service runs. A server that refuses every write as
+// read-only for a whole TTL before any call was answered (a standby) ends
+// Run the same way.
 //
 // A call cut short by its context closes its connection, but a statement
 // that was waiting for a row lock may still run on the server once the lock
