@@ -202,8 +202,13 @@ func testReleaseToGone(t *testing.T, s leader.Store) {
 	name := newName()
 	alice, ghost, carol := newCandidate("alice"), newCandidate("ghost"), newCandidate("carol")
 	held := mustGrant(t, s, name, alice, longTTL)
-	mustReleaseTo(t, ts, name, alice, held.Term, ghost, leader.GrantTransfer, shortTTL)
+	// The reservation starts as the store handles ReleaseTo, no earlier
+	// than its call: a grant answered less than shortTTL after the call
+	// came before the reservation ran out. (Counted from ReleaseTo's
+	// return, a grant in time could seem early by as long as ReleaseTo
+	// took.)
 	reserved := time.Now()
+	mustReleaseTo(t, ts, name, alice, held.Term, ghost, leader.GrantTransfer, shortTTL)
 	if l, granted := acquire(t, s, name, carol, longTTL); granted {
 		t.Fatalf("carol was granted a lease handed to ghost before its reservation ran out: %s", fmtLease(l))
 	}
@@ -215,8 +220,8 @@ func testReleaseToGone(t *testing.T, s leader.Store) {
 	for {
 		l, granted := acquire(t, s, name, carol, longTTL)
 		if granted {
-			if time.Since(reserved) < shortTTL-clockSlack {
-				t.Fatalf("carol was granted the lease %v after it was handed to ghost for %v", time.Since(reserved), shortTTL)
+			if since := time.Since(reserved); since < shortTTL-clockSlack {
+				t.Fatalf("carol was granted the lease %v after it was handed to ghost for %v (counted from the ReleaseTo call)", since, shortTTL)
 			}
 			if l.Term != held.Term+1 || l.Reason != leader.GrantRelease {
 				t.Fatalf("carol's grant once ghost's reservation ran out = %s; want term %d, reason %q", fmtLease(l), held.Term+1, leader.GrantRelease)

@@ -37,10 +37,7 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	settled := other.watchFreeSettled(t, "prep") // its lock waiter waits on alice's mark
 	forCarol := watchFor(t, other, "prep", carol)
 	forBob := watchFor(t, succ, "prep", bob)
-	time.Sleep(100 * time.Millisecond) // the wake-ups sent once listening
-	drain(settled)
-	drain(forCarol)
-	drain(forBob)
+	quieten(t, settled, forCarol, forBob) // the wake-ups sent once listening
 
 	type result struct {
 		lease   leader.Lease

@@ -248,9 +248,7 @@ func TestReleaseWakesTheNamedCandidateFirst(t *testing.T) {
 	named, other := enlistForDibs(t, a.store, "dibs", nil)
 	chNamed, chOther := watchFor(t, f.store, "dibs", named), watchFor(t, f.store, "dibs", other)
 	waitListening(t, f)
-	time.Sleep(100 * time.Millisecond) // the wake-up sent once listening
-	drain(chNamed)
-	drain(chOther)
+	quieten(t, chNamed, chOther) // the wake-up sent once listening
 	mustRelease(t, a.store, "dibs", alice, l.Term)
 	wokenInOrder(t, chNamed, chOther)
 }
@@ -369,9 +367,7 @@ func TestAdvisoryReleaseWakesTheNamedCandidateFirst(t *testing.T) {
 			return false
 		}
 	})
-	time.Sleep(100 * time.Millisecond) // the other's deferred wake-up
-	drain(chNamed)
-	drain(chOther)
+	quieten(t, chNamed, chOther) // the other's deferred wake-up, and any late notice's
 	released := time.Now()
 	// Release returns once the mark is freed.
 	errc := make(chan error, 1)

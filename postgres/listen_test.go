@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -46,6 +47,34 @@ func drain(ch <-chan struct{}) {
 	select {
 	case <-ch:
 	default:
+	}
+}
+
+// quieten waits until none of chs has had a wake-up for 200 ms, taking
+// those that come: the wake-ups of a test's set-up (the listener's at
+// LISTEN, a notice's deferred ones) may come late on a loaded machine,
+// later than a fixed sleep would wait for them.
+func quieten(t *testing.T, chs ...<-chan struct{}) {
+	t.Helper()
+	const quiet = 200 * time.Millisecond
+	giveUp := time.After(10 * time.Second)
+	for {
+		for _, ch := range chs {
+			drain(ch)
+		}
+		cases := make([]reflect.SelectCase, 0, len(chs)+2)
+		for _, ch := range chs {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)})
+		}
+		cases = append(cases,
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(time.After(quiet))},
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(giveUp)})
+		switch i, _, _ := reflect.Select(cases); i {
+		case len(chs):
+			return // quiet
+		case len(chs) + 1:
+			t.Fatalf("the watch channels were still woken 10 s on")
+		}
 	}
 }
 

@@ -131,6 +131,14 @@ func TestCallsAreBoundedWithoutADeadline(t *testing.T) {
 // connections that it never answers. It returns the address.
 func silentServer(t *testing.T) string {
 	t.Helper()
+	addr, _ := countingSilentServer(t)
+	return addr
+}
+
+// countingSilentServer is silentServer, and also returns how many
+// connections it has accepted so far.
+func countingSilentServer(t *testing.T) (addr string, accepted func() int) {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +166,11 @@ func silentServer(t *testing.T) string {
 			c.Close()
 		}
 	})
-	return l.Addr().String()
+	return l.Addr().String(), func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
 }
 
 // TestOwnPoolPingsOnlyLongIdleConnections checks the rule by which a

@@ -163,9 +163,11 @@ var _ leader.HandoverPreparer = (*LeaseStore)(nil)
 //
 // It prepares nothing and returns an error if the connection is not a
 // session of its own (a transaction-pooling proxy, see ErrPooledSession),
-// if another preparation of the name holds the lock, or if the name and
-// token are too long for a NOTIFY payload. The lease is not touched: it
-// stays held, and can be renewed.
+// if another preparation of the name holds the lock, if the name and
+// token are too long for a NOTIFY payload, or if every connection for
+// prepared handovers (Options.MaxConns) stays in use for wait or 100 ms,
+// whichever is longer. A new connection's opening it waits for within
+// ctx. The lease is not touched: it stays held, and can be renewed.
 func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, term uint64, successor leader.Candidate, wait time.Duration) (leader.PreparedHandover, error) {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
@@ -176,7 +178,17 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 	if s.pooled.Load() {
 		return nil, fmt.Errorf("postgres: %s: %w: a prepared handover needs one", what, ErrPooledSession)
 	}
-	actx, cancelAcquire := context.WithTimeout(ctx, max(wait, waitsConnWait))
+	// A connection of the store's waits. When every one of them is in
+	// use (other names' preparations, successors' waits), it waits for
+	// one a little only, and the Elector hands over unprepared. Otherwise
+	// it takes a new one's opening within ctx: the lease is still held
+	// meanwhile, and an unprepared handover's gap is the longer one. (A
+	// bound of 100 ms on the opening failed preparations on a loaded
+	// machine.)
+	actx, cancelAcquire := ctx, context.CancelFunc(func() {})
+	if st := s.waits.Stat(); st.AcquiredConns() >= st.MaxConns() {
+		actx, cancelAcquire = context.WithTimeout(ctx, max(wait, waitsConnWait))
+	}
 	conn, err := s.waits.Acquire(actx)
 	cancelAcquire()
 	if err != nil {

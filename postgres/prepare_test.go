@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -801,5 +802,76 @@ func TestSittingOutSuccessorWaitsForPreparedHandover(t *testing.T) {
 	if longest, _ := times[from].longestSince(before); longest < demotedIn {
 		t.Fatalf("%s, sitting out, took the handover back with Acquire calls of at most %v; want one that waited through the old leader's OnDemoted (%v)",
 			from, longest, demotedIn)
+	}
+}
+
+// TestPrepareHandoverWaitsForAConnectionOnlyWhileOneCanBeOpened checks how
+// long PrepareHandover waits for a connection of the store's prepared
+// handovers. While one can be opened it waits for the opening, however
+// slow (here 300 ms a connection, beyond the 100 ms that failed
+// preparations on a loaded machine), within the call's context: the lease
+// is held meanwhile, and an unprepared handover's gap is the longer one.
+// When every one is in use it gives up after its wait or waitsConnWait,
+// whichever is longer, and the Elector hands over unprepared.
+func TestPrepareHandoverWaitsForAConnectionOnlyWhileOneCanBeOpened(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const dialDelay = 300 * time.Millisecond
+	var dialer net.Dialer
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if err := sleepCtx(ctx, dialDelay); err != nil {
+			return nil, err
+		}
+		return dialer.DialContext(ctx, network, addr)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	a := setupOn(t, pool, Options{})
+	alice, bob := candidate("alice"), candidate("bob")
+	l := mustGrant(t, a.store, "prep", alice, time.Minute)
+
+	start := time.Now()
+	p, err := a.store.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, time.Millisecond)
+	if err != nil {
+		t.Fatalf("PrepareHandover, its connection opened in %v: %v; want prepared", dialDelay, err)
+	}
+	if took := time.Since(start); took < dialDelay {
+		t.Fatalf("PrepareHandover took %v; want at least the opening of a connection (%v): it opened none", took, dialDelay)
+	}
+	p.Abort()
+
+	// Every connection in use: it gives up within waitsConnWait or so,
+	// not the call's 30 s.
+	var held []*pgxpool.Conn
+	for range a.store.waits.Stat().MaxConns() {
+		c, err := a.store.waits.Acquire(callCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	defer func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}()
+	start = time.Now()
+	p, err = a.store.PrepareHandover(callCtx(t), "prep", alice.Token, l.Term, bob, time.Millisecond)
+	took := time.Since(start)
+	if err == nil {
+		p.Abort()
+		t.Fatalf("PrepareHandover with every connection in use prepared; want an error")
+	}
+	if took < waitsConnWait || took > 5*time.Second {
+		t.Fatalf("PrepareHandover with every connection in use failed after %v (%v); want after about waitsConnWait (%v)", took, err, waitsConnWait)
+	}
+	if l2 := mustRenew(t, a.store, "prep", alice, l.Term, time.Minute); l2.Term != l.Term {
+		t.Fatalf("renewed with term %d after the failed preparation; want %d", l2.Term, l.Term)
 	}
 }
