@@ -3,15 +3,20 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leaderelect/leader"
 )
 
 // transferTTL is the TTL of the transfer tests' candidates: a leader acts
@@ -90,14 +95,53 @@ func stopOf(log childLog, ev childEvent) (childEvent, bool) {
 	return childEvent{}, false
 }
 
-// enlisted waits until the instance's log says it campaigns, and a little
-// more, so that its first enlistment has reached the store.
-func enlisted(t *testing.T, p *proc) {
+// enlisted waits until the store that flags name lists every one of ids
+// among the candidates of the election e2e. An instance's first attempt
+// enlists it, which on a loaded machine may come well after it logs that
+// it campaigns (an advisory session's opening took close to a second):
+// a wait of 200 ms after that line once had a leader hand over to a
+// lower priority, the higher one not yet enlisted.
+func enlisted(t *testing.T, flags []string, ids ...string) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "the instance to start campaigning\n"+p.stderr.String(), func() bool {
-		return strings.Contains(p.stderr.String(), "campaigning")
+	var url, strategy string
+	for i := 0; i+1 < len(flags); i++ {
+		switch flags[i] {
+		case "--store":
+			url = flags[i+1]
+		case "--strategy":
+			strategy = flags[i+1]
+		}
+	}
+	spec, err := parseStoreURL(url)
+	if err == nil && strategy != "" {
+		spec, err = withStrategy(spec, strategy)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := openStore(t.Context(), spec, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ts, ok := st.Store.(leader.Transferer)
+	if !ok {
+		t.Fatalf("the store %T cannot list candidates", st.Store)
+	}
+	var cands []leader.Candidate
+	waitFor(t, 20*time.Second, fmt.Sprintf("%v among the candidates", ids), func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		if cands, err = ts.Candidates(ctx, "e2e"); err != nil {
+			return false
+		}
+		for _, id := range ids {
+			if !slices.ContainsFunc(cands, func(c leader.Candidate) bool { return c.ID == id }) {
+				return false
+			}
+		}
+		return true
 	})
-	time.Sleep(200 * time.Millisecond)
 }
 
 func statusJSONOf(t *testing.T, e *env, store []string) statusJSON {
@@ -126,9 +170,13 @@ func TestTransferCommand(t *testing.T) {
 				ps[id] = e.startWith(log, id, store...)
 			}
 			first := leaderStart(t, log, 1, 20*time.Second)
-			for _, p := range ps {
-				enlisted(t, p)
+			var followers []string
+			for id := range ps {
+				if id != startID(first) {
+					followers = append(followers, id)
+				}
 			}
+			enlisted(t, store, followers...)
 			to := map[string]string{"a": "b", "b": "c", "c": "a"}[startID(first)]
 
 			if _, stderr, code := e.run(append([]string{"transfer", "--name", "e2e", "--to", "nobody"}, store...)...); code != exitFailure || !strings.Contains(stderr, `"nobody"`) {
@@ -165,10 +213,9 @@ func TestTransferCommand(t *testing.T) {
 			if startID(first) != "a" {
 				t.Fatalf("%s leads, not a", startID(first))
 			}
-			b := e.startWith(log, "b", append(store, "--priority", "3")...)
-			c := e.startWith(log, "c", append(store, "--priority", "5")...)
-			enlisted(t, b)
-			enlisted(t, c)
+			e.startWith(log, "b", append(store, "--priority", "3")...)
+			e.startWith(log, "c", append(store, "--priority", "5")...)
+			enlisted(t, store, "b", "c")
 			a.signal(syscall.SIGTERM)
 			if code := a.wait(20 * time.Second); code != 0 {
 				t.Errorf("the leader exited %d after SIGTERM; want 0\n%s", code, a.stderr.String())
@@ -206,8 +253,8 @@ func TestRollingDeploy(t *testing.T) {
 			}
 			leaderStart(t, log, 1, 20*time.Second)
 			for i := range old {
-				n := e.startWith(log, fmt.Sprint("new", i), append(store, "--priority", "2")...)
-				enlisted(t, n)
+				e.startWith(log, fmt.Sprint("new", i), append(store, "--priority", "2")...)
+				enlisted(t, store, fmt.Sprint("new", i))
 				old[i].signal(syscall.SIGTERM)
 				if code := old[i].wait(20 * time.Second); code != 0 {
 					t.Fatalf("old%d exited %d after SIGTERM\n%s", i, code, old[i].stderr.String())
