@@ -26,7 +26,9 @@ func TestDeadlineStopsTheGroupUnlessExtended(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	pidFile := filepath.Join(dir, "grandchild")
-	at := time.Now().Add(300 * time.Millisecond)
+	// Far enough that the command starts first on a loaded machine (300
+	// ms was not, under go test -parallel 8).
+	at := time.Now().Add(2 * time.Second)
 	d, err := DeadlineAt(at)
 	if err != nil {
 		t.Fatal(err)
@@ -48,15 +50,19 @@ func TestDeadlineStopsTheGroupUnlessExtended(t *testing.T) {
 
 func TestExtendKeepsTheCommandRunning(t *testing.T) {
 	t.Parallel()
-	d, err := DeadlineAt(time.Now().Add(200 * time.Millisecond))
+	// Deadlines a second on: far enough that the command starts, and the
+	// next extension comes, first on a loaded machine (200 ms was not,
+	// under go test -parallel 8).
+	const ahead = time.Second
+	d, err := DeadlineAt(time.Now().Add(ahead))
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := startUntil(t, "sleep 100", time.Second, d)
 	// Keep moving the deadline on for a while: the command keeps running.
-	end := time.Now().Add(time.Second)
+	end := time.Now().Add(2 * ahead)
 	for time.Now().Before(end) {
-		d, err := DeadlineAt(time.Now().Add(200 * time.Millisecond))
+		d, err := DeadlineAt(time.Now().Add(ahead))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,8 +79,8 @@ func TestExtendKeepsTheCommandRunning(t *testing.T) {
 	c.Extend(past)
 	began := time.Now()
 	r := c.Result()
-	if !r.DeadlinePassed || time.Since(began) > 2*time.Second {
-		t.Errorf("result %+v after %v, want stopped for the deadline within about 200ms", r, time.Since(began))
+	if !r.DeadlinePassed || time.Since(began) > ahead+2*time.Second {
+		t.Errorf("result %+v after %v, want stopped for the deadline within about %v", r, time.Since(began), ahead)
 	}
 }
 
