@@ -100,7 +100,7 @@ func (e *Elector) follow(ctx context.Context, wake *<-chan struct{}, notBefore t
 				} else if readOnlySince.IsZero() {
 					readOnlySince = sent
 				} else if time.Since(readOnlySince) >= e.cfg.TTL {
-					return Lease{}, time.Time{}, fmt.Errorf("%w: the store has refused every write as read-only for %v, and answered no call since Run started (a standby, or a read-only database or role?): give a connection string that reaches a writable primary (with PostgreSQL, target_session_attrs=read-write): %w",
+					return Lease{}, time.Time{}, fmt.Errorf("%w: the store has refused every write as read-only for %v, and no call has succeeded since Run started (a standby, or a read-only database or role?): give a connection string that reaches a writable primary (with PostgreSQL, target_session_attrs=read-write): %w",
 						ErrPermanent, time.Since(readOnlySince).Round(time.Millisecond), err)
 				}
 			}

@@ -294,3 +294,59 @@ func graceFromAFollowedSuccessorsFreeing(t *testing.T, pool *pgxpool.Pool, name 
 		t.Errorf("Acquire took %v, %v after the lock waiter saw the successor's mark freed; want the rest of the TakeoverGrace (%v) only", took, start.Sub(cut), grace)
 	}
 }
+
+// TestAdvisoryGraceIsNotCountedFromAFollowedSuccessorsMarkAlone checks
+// that a followed successor whose mark is freed while it leads on (a
+// holder without a mark: a store of an older version, or a grant whose
+// mark a stray session held) is not taken for gone: the grace after its
+// session ends is counted from when its lock was seen freed, not from its
+// mark's freeing. Here the successor lets go of its mark, leads on for 2
+// s, and its connection is cut; a candidate then waits the whole grace
+// (3 s). Counted from the mark, it would have waited 1 s.
+func TestAdvisoryGraceIsNotCountedFromAFollowedSuccessorsMarkAlone(t *testing.T) {
+	t.Parallel()
+	const (
+		grace  = 3 * time.Second
+		leadOn = 2 * time.Second
+	)
+	pool := pgtest.NewPool(t)
+	holders := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	successors := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	watchers := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	const name = "grace-markless"
+	key := holders.Key(name)
+	watchers.watchFreeSettled(t, name)
+	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
+	next, nextPID := successorGranted(t, holders, successors, name, alice, held.Term, bob, nil)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's mark", func() bool {
+		return requests(t, pool, key, nextPID).markSharedWaiting == 1
+	})
+	err := successors.holderSession(t, name).do(callCtx(t), successors, false, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock("+markClass+", pg_backend_pid())")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's lock", func() bool {
+		return requests(t, pool, key, nextPID).lockSharedWaiting == 1
+	})
+	time.Sleep(leadOn) // the successor leads on without its mark
+	cut := time.Now()
+	successors.cutConnection(t, name)
+	electortest.Eventually(t, 20*time.Second, "the successor's lock freed", func() bool {
+		return requests(t, pool, key, nextPID).lockExclusive == 0
+	})
+	l, granted := mustAcquire(t, watchers, name, carol, time.Minute)
+	if !granted || l.Term != next.Term+1 || l.Reason != leader.GrantExpiry {
+		t.Fatalf("Acquire: %+v granted %v; want granted with term %d, reason %q", l, granted, next.Term+1, leader.GrantExpiry)
+	}
+	if since := time.Since(cut); since < grace {
+		t.Errorf("granted %v after the successor's connection was cut; want at least the TakeoverGrace (%v): the grace was counted from its mark's freeing, %v before", since, grace, leadOn)
+	}
+}

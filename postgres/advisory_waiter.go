@@ -221,6 +221,13 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 	// same two keys as its mark would make that wait last until it lets
 	// go; a look would have waited on the lock itself.)
 	var next holding
+	// pending is a followed holder whose mark was freed while it still
+	// held the lock (kept, below): the next look records its freeing
+	// once it sees the lock freed, timed then. Recorded at the mark, the
+	// sighting could come before the end: a holder without a mark (a
+	// store of an older version, or a grant whose mark a stray session
+	// held) has its mark "freed" at once, and may lead on for long.
+	var pending freeing
 	for {
 		select {
 		case <-sub: // about to look anyway
@@ -245,7 +252,13 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		if holder == nil || marked {
 			inFlight = time.Time{}
 		}
+		followed := pending
+		pending = freeing{}
 		if holder == nil {
+			if followed.pid != 0 && rowHolder != nil && *rowHolder == followed.pid {
+				// Gone without a release: the row still names it.
+				s.setFreed(name, freeing{pid: followed.pid, term: followed.term, at: time.Now()})
+			}
 			if owed || (rowHolder != nil && (*rowHolder == gone || *rowHolder != wokeFor)) {
 				owed = false
 				s.wake(name)
@@ -290,6 +303,11 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			if err != nil {
 				return err // waitLoop wakes the watchers
 			}
+			if followed.pid == *holder {
+				// The followed holder's lock is freed now (and perhaps a
+				// later holder's after it).
+				s.setFreed(name, freeing{pid: followed.pid, term: followed.term, at: time.Now()})
+			}
 			owed = false
 			taken := now.pid != 0 && now.pid != *holder
 			s.wakeFor(name, h, taken)
@@ -319,14 +337,15 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		// that finds the lock still held by that backend looks again
 		// (see lingering), and this lock waiter's next look wakes the
 		// watchers again if it finds the lock held (owed), or free with
-		// the row still naming that backend (gone). The sighting is
-		// recorded also when the lock was kept: the next look, which
-		// finds the lock free, records none, and a candidate would wait
-		// the whole TakeoverGrace for a holder seen going.
-		s.sawFreed(name, *holder, rowHolder, rowTerm)
+		// the row still naming that backend (gone). When the lock was
+		// kept, the next look records the sighting once it sees the lock
+		// freed (pending); without it, a candidate would wait the whole
+		// TakeoverGrace for a holder seen going.
 		if kept {
+			pending = freeing{pid: *holder, term: *rowTerm}
 			continue
 		}
+		s.sawFreed(name, *holder, rowHolder, rowTerm)
 		owed, gone, wokeFor = false, *holder, *holder
 		taken := now.pid != 0 && now.pid != *holder
 		s.wakeFor(name, h, taken)
@@ -362,6 +381,11 @@ func (s *AdvisoryStore) sawFreed(name string, pid int32, rowHolder *int32, rowTe
 	if rowHolder != nil && *rowHolder == pid && rowTerm != nil {
 		f.term = *rowTerm
 	}
+	s.setFreed(name, f)
+}
+
+// setFreed records f as the last freeing that name's lock waiter saw.
+func (s *AdvisoryStore) setFreed(name string, f freeing) {
 	s.smu.Lock()
 	s.freed[name] = f
 	s.smu.Unlock()

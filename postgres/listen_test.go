@@ -69,11 +69,13 @@ func quieten(t *testing.T, chs ...<-chan struct{}) {
 		cases = append(cases,
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(time.After(quiet))},
 			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(giveUp)})
-		switch i, _, _ := reflect.Select(cases); i {
-		case len(chs):
+		switch i, _, ok := reflect.Select(cases); {
+		case i == len(chs):
 			return // quiet
-		case len(chs) + 1:
+		case i == len(chs)+1:
 			t.Fatalf("the watch channels were still woken 10 s on")
+		case !ok:
+			t.Fatalf("watch channel %d closed while waiting for the set-up's wake-ups to stop", i)
 		}
 	}
 }

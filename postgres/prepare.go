@@ -38,6 +38,12 @@ const (
 	// of the store's connections for prepared handovers, when all are in
 	// use, before it tries as usual instead.
 	waitsConnWait = 100 * time.Millisecond
+	// prepareConnWait bounds how long PrepareHandover waits for a new
+	// connection for prepared handovers to open (see waitsRoom): long
+	// enough for a loaded machine (100 ms was not), short enough not to
+	// hold up a handover for long on a server slow to accept (the
+	// Elector's own bound is a RenewInterval).
+	prepareConnWait = time.Second
 	// waitCheckEvery is the client_connection_check_interval of a
 	// successor's waiting statement.
 	waitCheckEvery = 100 * time.Millisecond
@@ -166,8 +172,8 @@ var _ leader.HandoverPreparer = (*LeaseStore)(nil)
 // if another preparation of the name holds the lock, if the name and
 // token are too long for a NOTIFY payload, or if every connection for
 // prepared handovers (Options.MaxConns) stays in use for wait or 100 ms,
-// whichever is longer. A new connection's opening it waits for within
-// ctx. The lease is not touched: it stays held, and can be renewed.
+// whichever is longer, or if opening one takes over a second. The lease
+// is not touched: it stays held, and can be renewed.
 func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, term uint64, successor leader.Candidate, wait time.Duration) (leader.PreparedHandover, error) {
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
@@ -179,16 +185,16 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 		return nil, fmt.Errorf("postgres: %s: %w: a prepared handover needs one", what, ErrPooledSession)
 	}
 	// A connection of the store's waits. When every one of them is in
-	// use (other names' preparations, successors' waits), it waits for
-	// one a little only, and the Elector hands over unprepared. Otherwise
-	// it takes a new one's opening within ctx: the lease is still held
-	// meanwhile, and an unprepared handover's gap is the longer one. (A
-	// bound of 100 ms on the opening failed preparations on a loaded
-	// machine.)
-	actx, cancelAcquire := ctx, context.CancelFunc(func() {})
-	if st := s.waits.Stat(); st.AcquiredConns() >= st.MaxConns() {
-		actx, cancelAcquire = context.WithTimeout(ctx, max(wait, waitsConnWait))
+	// use or being opened (other names' preparations, successors'
+	// waits), it waits for one a little only, and the Elector hands over
+	// unprepared. Otherwise it waits for a new one's opening, up to
+	// prepareConnWait: the lease is still held meanwhile, and an
+	// unprepared handover's gap is the longer one.
+	connWait := max(wait, waitsConnWait)
+	if s.waitsRoom() {
+		connWait = max(wait, prepareConnWait)
 	}
+	actx, cancelAcquire := context.WithTimeout(ctx, connWait)
 	conn, err := s.waits.Acquire(actx)
 	cancelAcquire()
 	if err != nil {
@@ -307,6 +313,15 @@ func awaitHandoverWaiter(ctx context.Context, q interface {
 		case <-t.C:
 		}
 	}
+}
+
+// waitsRoom reports whether a connection of the store's waits can be had
+// without waiting for another caller to let go of one: one is idle, or
+// fewer than MaxConns are open or being opened. Another caller may take
+// it first; the caller's wait is bounded all the same.
+func (s *LeaseStore) waitsRoom() bool {
+	st := s.waits.Stat()
+	return st.IdleConns() > 0 || st.TotalConns() < st.MaxConns()
 }
 
 // take returns p's connection and marks p ended, or nil if it was.
@@ -516,7 +531,7 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	// already, this Acquire is an ordinary one unless one comes soon;
 	// otherwise it may take a new one's opening.
 	connWait := min(wait, waitsConnWait)
-	if st := s.waits.Stat(); st.AcquiredConns() < st.MaxConns() {
+	if s.waitsRoom() {
 		connWait = wait
 	}
 	actx, cancel := context.WithTimeout(ctx, connWait)

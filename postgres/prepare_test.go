@@ -807,10 +807,10 @@ func TestSittingOutSuccessorWaitsForPreparedHandover(t *testing.T) {
 
 // TestPrepareHandoverWaitsForAConnectionOnlyWhileOneCanBeOpened checks how
 // long PrepareHandover waits for a connection of the store's prepared
-// handovers. While one can be opened it waits for the opening, however
-// slow (here 300 ms a connection, beyond the 100 ms that failed
-// preparations on a loaded machine), within the call's context: the lease
-// is held meanwhile, and an unprepared handover's gap is the longer one.
+// handovers. While one can be opened it waits for the opening, up to
+// prepareConnWait (here 300 ms a connection, beyond the 100 ms that failed
+// preparations on a loaded machine): the lease is held meanwhile, and an
+// unprepared handover's gap is the longer one.
 // When every one is in use it gives up after its wait or waitsConnWait,
 // whichever is longer, and the Elector hands over unprepared.
 func TestPrepareHandoverWaitsForAConnectionOnlyWhileOneCanBeOpened(t *testing.T) {

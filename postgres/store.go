@@ -630,7 +630,7 @@
 // succeeded, it logs them at ERROR, shows them in Status.Problem (and
 // leaderhttp's /healthz), and retries with backoff, since a DBA may mend
 // the grants while the service runs. A server that refuses every write as
-// read-only for a whole TTL before any call was answered (a standby) ends
+// read-only for a whole TTL before any call has succeeded (a standby) ends
 // Run the same way.
 //
 // A call cut short by its context closes its connection, but a statement

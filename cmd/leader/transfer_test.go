@@ -113,7 +113,7 @@ func enlisted(t *testing.T, flags []string, ids ...string) {
 		}
 	}
 	spec, err := parseStoreURL(url)
-	if err == nil && strategy != "" {
+	if err == nil {
 		spec, err = withStrategy(spec, strategy)
 	}
 	if err != nil {
@@ -128,20 +128,22 @@ func enlisted(t *testing.T, flags []string, ids ...string) {
 	if !ok {
 		t.Fatalf("the store %T cannot list candidates", st.Store)
 	}
-	var cands []leader.Candidate
-	waitFor(t, 20*time.Second, fmt.Sprintf("%v among the candidates", ids), func() bool {
+	deadline := time.Now().Add(20 * time.Second)
+	for {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-		defer cancel()
-		if cands, err = ts.Candidates(ctx, "e2e"); err != nil {
-			return false
+		cands, err := ts.Candidates(ctx, "e2e")
+		cancel()
+		missing := slices.DeleteFunc(slices.Clone(ids), func(id string) bool {
+			return slices.ContainsFunc(cands, func(c leader.Candidate) bool { return c.ID == id })
+		})
+		switch {
+		case err == nil && len(missing) == 0:
+			return
+		case time.Now().After(deadline):
+			t.Fatalf("%v not among the candidates after 20 s: the store lists %v (%v)", missing, cands, err)
 		}
-		for _, id := range ids {
-			if !slices.ContainsFunc(cands, func(c leader.Candidate) bool { return c.ID == id }) {
-				return false
-			}
-		}
-		return true
-	})
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func statusJSONOf(t *testing.T, e *env, store []string) statusJSON {
