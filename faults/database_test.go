@@ -329,22 +329,31 @@ func (s *databaseScenario) newCandidate(t *testing.T, dir, id string) *databaseC
 // (opening its session) when the first trial's fault begins.
 func (s *databaseScenario) awaitLeader(t *testing.T, atLeast uint64, within time.Duration) (*databaseCandidate, uint64) {
 	t.Helper()
-	var cur *databaseCandidate
-	var term uint64
-	electortest.Eventually(t, within, fmt.Sprintf("a leader with a term of at least %d that has written, and every candidate answered", atLeast), func() bool {
-		cur = nil
+	deadline := time.Now().Add(within)
+	for {
+		var (
+			cur        *databaseCandidate
+			term       uint64
+			unanswered []string
+		)
 		for _, c := range s.cands {
 			st := c.e.Status()
 			if st.LastContact.IsZero() {
-				return false
+				unanswered = append(unanswered, c.id)
 			}
 			if st.IsLeader && st.Term >= atLeast && s.fence.written(st.Term) >= 3 {
 				cur, term = c, st.Term
 			}
 		}
-		return cur != nil
-	})
-	return cur, term
+		switch {
+		case cur != nil && len(unanswered) == 0:
+			return cur, term
+		case time.Now().After(deadline):
+			t.Fatalf("no leader with a term of at least %d that has written within %v, or not every candidate answered (a leader: %v; no store call answered yet: %v)",
+				atLeast, within, cur != nil, unanswered)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // awaitOutcome waits, once the fault injected into cur leading with term
