@@ -239,6 +239,41 @@ func TestAdvisoryGraceCountsFromAFollowedSuccessorsFreeing(t *testing.T) {
 	})
 }
 
+// followed is a handover that a lock waiter followed (see followSuccessor).
+type followed struct {
+	successors, watchers *AdvisoryStore
+	woken                <-chan struct{} // the watchers' watch of the name
+	key                  int64
+	next                 leader.Lease // the successor's
+	nextPID              int32        // the successor's backend
+}
+
+// followSuccessor sets up three advisory stores on pool with grace: alice
+// leads name on the holders' store, the watchers' lock waiter waits on her
+// mark, and she hands over to bob on the successors' store. It returns once
+// that lock waiter follows bob, waiting on his mark.
+func followSuccessor(t *testing.T, pool *pgxpool.Pool, name string, grace time.Duration) followed {
+	t.Helper()
+	holders := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
+	f := followed{
+		successors: setupAdvisory(t, pool, Options{TakeoverGrace: grace}),
+		watchers:   setupAdvisory(t, pool, Options{TakeoverGrace: grace}),
+		key:        holders.Key(name),
+	}
+	f.woken = f.watchers.watchFreeSettled(t, name)
+	alice, bob := candidate("alice"), candidate("bob")
+	held := mustGrant(t, holders, name, alice, time.Minute)
+	pid := holders.holderPID(t, name)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
+		return requests(t, pool, f.key, pid).markSharedWaiting == 1
+	})
+	f.next, f.nextPID = successorGranted(t, holders, f.successors, name, alice, held.Term, bob, nil)
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's mark", func() bool {
+		return requests(t, pool, f.key, f.nextPID).markSharedWaiting == 1
+	})
+	return f
+}
+
 // graceFromAFollowedSuccessorsFreeing hands name over from alice to bob
 // with a lock waiter on alice's mark, has bob go without a release (goes),
 // and checks that the lock waiter recorded bob's freeing under bob's term
@@ -250,22 +285,10 @@ func graceFromAFollowedSuccessorsFreeing(t *testing.T, pool *pgxpool.Pool, name 
 		grace = 5 * time.Second
 		late  = 3 * time.Second
 	)
-	holders := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
-	successors := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
-	watchers := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
-	key := holders.Key(name)
-	ch := watchers.watchFreeSettled(t, name)
-	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
-	held := mustGrant(t, holders, name, alice, time.Minute)
-	pid := holders.holderPID(t, name)
-	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
-		return requests(t, pool, key, pid).markSharedWaiting == 1
-	})
-	next, nextPID := successorGranted(t, holders, successors, name, alice, held.Term, bob, nil)
-	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's mark", func() bool {
-		return requests(t, pool, key, nextPID).markSharedWaiting == 1
-	})
-	drain(ch)
+	f0 := followSuccessor(t, pool, name, grace)
+	successors, watchers, next, nextPID := f0.successors, f0.watchers, f0.next, f0.nextPID
+	carol := candidate("carol")
+	drain(f0.woken)
 	cut := time.Now()
 	goes(successors, name)
 	// A wake-up of the handover's may still come (the end of its hold):
@@ -310,22 +333,10 @@ func TestAdvisoryGraceIsNotCountedFromAFollowedSuccessorsMarkAlone(t *testing.T)
 		leadOn = 2 * time.Second
 	)
 	pool := pgtest.NewPool(t)
-	holders := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
-	successors := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
-	watchers := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
 	const name = "grace-markless"
-	key := holders.Key(name)
-	watchers.watchFreeSettled(t, name)
-	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
-	held := mustGrant(t, holders, name, alice, time.Minute)
-	pid := holders.holderPID(t, name)
-	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
-		return requests(t, pool, key, pid).markSharedWaiting == 1
-	})
-	next, nextPID := successorGranted(t, holders, successors, name, alice, held.Term, bob, nil)
-	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's mark", func() bool {
-		return requests(t, pool, key, nextPID).markSharedWaiting == 1
-	})
+	f := followSuccessor(t, pool, name, grace)
+	successors, watchers, key, next, nextPID := f.successors, f.watchers, f.key, f.next, f.nextPID
+	carol := candidate("carol")
 	err := successors.holderSession(t, name).do(callCtx(t), successors, false, func(conn *pgx.Conn) error {
 		_, err := conn.Exec(callCtx(t), "SELECT pg_advisory_unlock("+markClass+", pg_backend_pid())")
 		return err
