@@ -65,7 +65,8 @@ type childSpec struct {
 //	elected   this candidate became leader (T is when its OnElected equivalent ran;
 //	          ours also say why it was granted, Lease.Reason, in Reason)
 //	demoted   this candidate lost leadership while campaigning (T is OnDemoted's
-//	          last act: its return, but for writing the line)
+//	          last act: its return; the line is written demotedLineAfter later, or
+//	          with the child's next event)
 //	stopping  the child read "stop" and is about to stop campaigning
 //	stopped   the campaign has stopped (and released, if it led)
 //	transfer  the child read "transfer" and is about to call Elector.Transfer
@@ -113,6 +114,18 @@ type emitter struct {
 func newEmitter(w io.Writer) *emitter { return &emitter{w: bufio.NewWriter(w)} }
 
 func (e *emitter) emit(ev event) {
+	e.write(ev, 0)
+}
+
+// emitAfter is emit, with the line written (with any line after it) only
+// after d, or at the next emit if that comes first: the parent, woken by
+// the line, runs on the host's cores then, rather than at once. The time
+// is taken now.
+func (e *emitter) emitAfter(ev event, d time.Duration) {
+	e.write(ev, d)
+}
+
+func (e *emitter) write(ev event, after time.Duration) {
 	t, err := monotime.Now()
 	if err != nil {
 		panic(err) // CLOCK_MONOTONIC is always there on Linux
@@ -122,8 +135,24 @@ func (e *emitter) emit(ev event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.w.Write(append(b, '\n'))
-	e.w.Flush()
+	if after <= 0 {
+		e.w.Flush()
+		return
+	}
+	time.AfterFunc(after, func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.w.Flush()
+	})
 }
+
+// demotedLineAfter is how long after OnDemoted a candidate child writes
+// the line of its "demoted" event (see emitAfter), unless another event
+// comes first. The line wakes the parent process, which, written at once,
+// ran on the host's two cores while the old leader's release and the
+// successor's grant did: a handover's gap is measured from OnDemoted's
+// return, and the bench's own work in it is no elector's.
+const demotedLineAfter = 50 * time.Millisecond
 
 func (e *emitter) fail(err error) int {
 	e.emit(event{Ev: "error", Msg: err.Error()})
@@ -219,7 +248,7 @@ func runCandidate(spec childSpec, em *emitter, logger *slog.Logger) int {
 			},
 			demoted: func() {
 				tracef("demoted %s", spec.ID)
-				em.emit(event{Ev: "demoted"})
+				em.emitAfter(event{Ev: "demoted"}, demotedLineAfter)
 				enlistedSent.Store(false)
 			},
 			enlisted: func() {
