@@ -303,6 +303,12 @@ loop:
 	t.over = true
 	deadline := t.deadline
 	t.mu.Unlock()
+	// Nothing waits on the store's loss notice now: a store that watches
+	// on the lease's own connection stops while OnDemoted runs, not at the
+	// start of the release (see LossWatchStopper).
+	if ls, ok := e.store.(LossWatchStopper); ok {
+		ls.StopLossWatch(e.cfg.Name, e.cand.Token, term)
+	}
 
 	// Leadership has ended: IsLeader is false and the leader context is
 	// cancelled. Now OnDemoted runs, then OnElected is awaited; only then is

@@ -3,6 +3,7 @@ package leader_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,5 +84,76 @@ func TestLossNotifier(t *testing.T) {
 	}
 	if n := store.count("release"); n != 0 {
 		t.Errorf("%d releases of a lease the store reported lost", n)
+	}
+}
+
+// stopWatchStore is a lossStore that implements leader.LossWatchStopper,
+// recording each StopLossWatch call's term, and whether OnDemoted had run
+// by then.
+type stopWatchStore struct {
+	*lossStore
+	demoted atomic.Bool
+	stops   chan stopCall
+}
+
+type stopCall struct {
+	name, token string
+	term        uint64
+	demoted     bool // OnDemoted had run when StopLossWatch was called
+}
+
+func (s *stopWatchStore) StopLossWatch(name, token string, term uint64) {
+	s.stops <- stopCall{name: name, token: token, term: term, demoted: s.demoted.Load()}
+}
+
+// TestStopLossWatchBeforeOnDemoted checks that the Elector tells a
+// LossWatchStopper that it no longer waits on Lost as soon as leadership
+// has ended, IsLeader false, and before OnDemoted runs, once per tenure,
+// for that tenure's term, and before the release.
+func TestStopLossWatchBeforeOnDemoted(t *testing.T) {
+	t.Parallel()
+	store := &stopWatchStore{
+		lossStore: &lossStore{faultStore: newFaultStore(leadertest.NewMemStore()), lost: make(map[uint64]chan struct{})},
+		stops:     make(chan stopCall, 4),
+	}
+	cfg := testConfig("unwatched", "a")
+	cfg.TTL = time.Minute
+	elected := make(chan context.Context, 2)
+	cfg.OnElected = func(ctx context.Context) { elected <- ctx; <-ctx.Done() }
+	cfg.OnDemoted = func() {
+		if n := store.count("release"); n != 0 {
+			t.Errorf("released %d times before OnDemoted", n)
+		}
+		store.demoted.Store(true)
+	}
+	e, err := leader.New(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runElector(t, e)
+	defer stop()
+
+	lctx := <-elected
+	term, _ := leader.TermFrom(lctx)
+	select {
+	case c := <-store.stops:
+		t.Fatalf("StopLossWatch called while leading: %+v", c)
+	default:
+	}
+	if err := e.Resign(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-store.stops:
+		if c.name != "unwatched" || c.token == "" || c.term != term || c.demoted {
+			t.Fatalf("StopLossWatch(%q, %q, %d) with OnDemoted run %v; want term %d before OnDemoted", c.name, c.token, c.term, c.demoted, term)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("StopLossWatch was not called after the Elector resigned")
+	}
+	select {
+	case c := <-store.stops:
+		t.Fatalf("StopLossWatch called twice for one tenure: %+v", c)
+	case <-time.After(100 * time.Millisecond):
 	}
 }

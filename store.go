@@ -177,6 +177,23 @@ type LossNotifier interface {
 	Lost(name, token string, term uint64) <-chan struct{}
 }
 
+// LossWatchStopper is implemented by a LossNotifier whose watching for a
+// loss stands in the way of the holder's next call: for example a store
+// that reads the lease's own server session while it is idle, and must
+// stop reading before it can send the release. The Elector calls
+// StopLossWatch as soon as a tenure's leadership has ended (IsLeader is
+// false and the leader context cancelled), before OnDemoted runs, since
+// it no longer waits on Lost for that tenure; the store can then stop
+// watching while OnDemoted runs, rather than at the start of the release.
+type LossWatchStopper interface {
+	LossNotifier
+	// StopLossWatch tells the store that nobody waits on Lost(name,
+	// token, term) any more. It must return at once, doing any work in
+	// the background, and change nothing of the lease: the channel may
+	// then never be closed.
+	StopLossWatch(name, token string, term uint64)
+}
+
 // Errors a Store returns, wrapped with detail; test them with errors.Is.
 var (
 	// ErrLeaseLost means the lease is not (or no longer) held by the caller's

@@ -184,19 +184,31 @@ import (
 // The AdvisoryStore also implements [leader.HandoverPreparer], as the
 // LeaseStore does (see "Prepared handovers" in the package
 // documentation), with the same lock and notice, taken on the holder's own
-// session: the successor's first grant statement after the notice waits
-// for that lock in the transaction of the statement, which then tries the
-// lease's lock; the release's unlock frees the lease's lock and then every
-// other lock of the session, this one among them, so the successor's
-// statement runs, and takes the lock, as the release ends, without the
-// lock waiter's wake-up or a round trip of its own between them. When
-// the successor waited, the release frees the holder's mark, on which
-// the lock waiters wait, 5 ms after those two locks, and its notice
-// follows: the lock waiters then find the lease taken and wake no
-// follower (and Commit returns 5 ms later). An
-// abort unlocks the handover's lock alone: the successor's statement runs
-// at once and finds the lease held. A holder whose session ends frees
-// both locks.
+// session: the successor's first attempt after the notice waits for that
+// lock in a transaction, and the preparation learns, from pg_locks, the
+// backend of the successor's session that waits. When that session alone
+// waits, the release grants it the lease, in the same update, while the
+// holder still holds the lock: the next term, the successor's token, ID,
+// backend and priority, and the handover's reason. The release's unlock
+// then frees the lease's lock and the handover's, and the successor's
+// waiting transaction takes the lease's lock if the row names its session,
+// reads the row again in a statement whose snapshot comes after the lock,
+// takes the mark and arms the holder's settings: a claim that writes
+// nothing, without the lock waiter's wake-up or a round trip between the
+// release and it. Nobody leads under the new term before the successor's
+// session holds the lock; a candidate that takes the lock first finds the
+// row naming a holder without it and takes the lease over, with the term
+// after it, after TakeoverGrace, and the successor, finding the lock held
+// or the row changed, tries as usual. When the waiting session is not
+// known (none or two waited, the strategy row or a failover's grace refuse
+// the grant), the release reserves the lease as ReleaseTo does, and the
+// successor's grant statement takes it. When the successor waited, the
+// release frees the holder's mark, on which the lock waiters wait, 5 ms
+// after those two locks, and its notice follows: the lock waiters then
+// find the lease taken and wake no follower (and Commit returns 5 ms
+// later). An abort unlocks the handover's lock alone: the successor's
+// statement runs at once and finds the lease held. A holder whose session
+// ends frees both locks.
 //
 // # Keys
 //
@@ -419,7 +431,7 @@ func (s *AdvisoryStore) connect(ctx context.Context) (*pgx.Conn, error) {
 	// The session's statements are planned before its first attempt,
 	// which a released lease's successor makes as the handover's clock
 	// runs (see planAhead); best effort.
-	if err := planAhead(ctx, conn, []string{s.sql.grantQuick, s.sql.grant, s.sql.grantLocked, s.sql.release, s.sql.unlock, s.sql.namedUnlock, s.sql.namedMark, s.sql.unlockRest, s.sql.unlockHandedOver, s.sql.releaseHandedOver, s.sql.dropHolder}); err != nil {
+	if err := planAhead(ctx, conn, []string{s.sql.grantQuick, s.sql.grant, s.sql.grantLocked, s.sql.release, s.sql.unlock, s.sql.namedUnlock, s.sql.namedMark, s.sql.unlockRest, s.sql.unlockHandedOver, s.sql.releaseHandedOver, s.sql.releaseGranting, s.sql.claimLock, s.sql.claimRow, s.sql.dropHolder}); err != nil {
 		if ctx.Err() != nil {
 			closeConn(conn)
 			return nil, err
@@ -517,6 +529,35 @@ func (s *AdvisoryStore) Lost(name, token string, term uint64) <-chan struct{} {
 	closed := make(chan struct{})
 	close(closed)
 	return closed
+}
+
+var _ leader.LossWatchStopper = (*AdvisoryStore)(nil)
+
+// StopLossWatch implements leader.LossWatchStopper: the session that holds
+// name for token under term stops reading its connection between calls,
+// in the background, so that the release that follows (or a prepared
+// handover's Commit) need not stop it first: that cost a release 0.14 ms
+// at p50 and 0.36 ms at p99, on the handover's path. A loss of that
+// session is then learnt at its next call rather than at once, and Lost's
+// channel may stay open; the session reads again if it is granted the
+// lease again.
+func (s *AdvisoryStore) StopLossWatch(name, token string, term uint64) {
+	ss := s.heldSession(name, token, term)
+	if ss == nil {
+		return
+	}
+	ss.unwatch(term)
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	if s.closing {
+		return
+	}
+	s.bg.Go(func() {
+		ctx, cancel := context.WithTimeout(s.bgCtx, listenCallTimeout)
+		defer cancel()
+		// The call halts the reader, and, the term unwatched, starts none.
+		_ = ss.do(ctx, s, false, func(*pgx.Conn) error { return nil })
+	})
 }
 
 // Close closes every session the store opened (freeing any lock they hold,

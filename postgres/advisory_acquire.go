@@ -326,7 +326,7 @@ func (s *AdvisoryStore) acquireOn(ctx context.Context, ss *session, conn *pgx.Co
 			waited bool
 		)
 		if prepared && attempt == 0 {
-			r, waited, err = s.grantAfterHandover(ctx, conn, ss, name, c, stmt, ttl, grantArgs(ss, name, c, iv, ms, idle, every, hi, lo))
+			r, waited, err = s.grantAfterHandover(ctx, conn, ss, name, c, ttl)
 		}
 		if !waited && err == nil {
 			r, err = s.grantOn(ctx, conn, ss, name, c, stmt, iv, ms, idle, every, hi, lo)

@@ -27,17 +27,18 @@ func (s *AdvisoryStore) handoverKey(name string) int32 {
 // prepared handovers (a session lock, keys as for LeaseStore.PrepareHandover),
 // and, on the store's connections, sends a NOTIFY that names the
 // successor's token. The successor's store, told by its listener, makes
-// the successor's next Acquire wait for that lock in the transaction of
-// its first grant statement (see grantAfterHandover). PrepareHandover then
-// looks in pg_locks every millisecond until the successor waits, or wait
-// has passed.
+// the successor's next Acquire wait for that lock in a transaction (see
+// grantAfterHandover). PrepareHandover then looks in pg_locks every
+// millisecond until the successor waits, or wait has passed, and records
+// the backend of the one session that waits.
 //
-// Commit is ReleaseTo: the release's second statement unlocks the lease's
-// lock and then every other lock of the session, this one among them, so
-// that the successor's statement, which takes its snapshot and tries the
-// lease's lock once it has this one, finds the lease released, reserved
-// for it, and its lock free. Abort unlocks this lock alone: the
-// successor's statement then runs at once, and finds the lease held.
+// Commit is ReleaseTo, except that when one session waited, its release
+// grants that session the lease (releaseGranting): the release's second
+// statement unlocks the lease's lock and then the handover's, so that the
+// successor's transaction, which claims the lease once it has that lock,
+// finds the row naming it and the lease's lock free. Abort unlocks this
+// lock alone: the successor's transaction then runs at once, claims
+// nothing, and its grant statement finds the lease held.
 //
 // It returns an error wrapping leader.ErrLeaseLost if this store's
 // session of token does not hold the lease under term, and an error
@@ -78,12 +79,12 @@ func (s *AdvisoryStore) PrepareHandover(ctx context.Context, name, token string,
 		p.Abort()
 		return nil, wrapError(ctx, what, err)
 	}
-	waited, err := awaitHandoverWaiter(ctx, s.pool, p.key, wait)
+	waited, pid, err := awaitHandoverWaiter(ctx, s.pool, p.key, wait)
 	if err != nil {
 		p.Abort()
 		return nil, wrapError(ctx, what, err)
 	}
-	p.waited = waited
+	p.waited, p.waiter = waited, pid
 	return p, nil
 }
 
@@ -97,7 +98,8 @@ type advisoryPrepared struct {
 	term        uint64
 	successor   leader.Candidate
 	key         int32
-	waited      bool // the successor waited when PrepareHandover returned
+	waited      bool  // the successor waited when PrepareHandover returned
+	waiter      int32 // the backend PID of the one session that waited, if one alone did
 	mu          sync.Mutex
 	open        bool // neither committed nor aborted
 }
@@ -113,16 +115,17 @@ func (p *advisoryPrepared) end() bool {
 
 // Commit implements leader.PreparedHandover: it is ReleaseTo, whose
 // second statement also frees the lock on which the successor waits,
-// after the lease's lock. When the successor waited, the release's
-// notice (which only the followers of processes without a lock waiter
-// need, and which wakes every listener's backend) is sent
-// handoverNoticeDelay later, and only if the lease is still free then,
-// and the holder's mark is freed as late, so that neither the listeners
-// nor the lock waiters compete with the successor's grant for the CPU;
-// Commit then returns that much later. Its release then neither looks
-// for a candidate to name nor removes the holder's own entry among the
-// candidates, which it does after freeing the mark (releaseHandedOver,
-// dropHolder).
+// after the lease's lock. When the successor waited, the release grants
+// the lease to its waiting session if PrepareHandover found that session
+// alone waiting (releaseGranting; otherwise it reserves it, as ReleaseTo
+// does), the release's notice (which only the followers of processes
+// without a lock waiter need, and which wakes every listener's backend)
+// is sent handoverNoticeDelay later, and only if the lease is still free
+// then, and the holder's mark is freed as late, so that neither the
+// listeners nor the lock waiters compete with the successor's claim for
+// the CPU; Commit then returns that much later. Its release then neither
+// looks for a candidate to name nor removes the holder's own entry among
+// the candidates, which it does after freeing the mark (dropHolder).
 func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
 	if err := checkHandover(p.name, p.term, p.successor, reason, hold); err != nil {
 		p.Abort()
@@ -134,8 +137,9 @@ func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason
 	h := &reservation{to: p.successor, reason: reason, hold: hold}
 	if p.waited {
 		// The release's pipeline sleeps before it frees the mark, and
-		// the notice follows its reply.
-		h.markAfter = handoverNoticeDelay
+		// the notice follows its reply; the release grants the lease to
+		// the successor's waiting session.
+		h.markAfter, h.grantTo = handoverNoticeDelay, p.waiter
 	}
 	return p.s.release(ctx, p.name, p.token, p.term, h, 0)
 }
@@ -166,15 +170,20 @@ func (p *advisoryPrepared) Abort() {
 	}
 }
 
-// grantAfterHandover is the first grant attempt, stmt with args, of a
-// successor whose handover was prepared (see PrepareHandover), sent as
-// one batch on conn (see waitThenRun): it waits for the handover's lock,
-// for a quarter of ttl at most and never past half of what ctx leaves,
-// and then runs stmt, whose snapshot, taken then, shows the release, and
-// which tries the lease's lock, freed before the handover's. waited
-// reports whether it ran stmt: false if the lock was not had in time (the
-// caller then tries as usual).
-func (s *AdvisoryStore) grantAfterHandover(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate, stmt string, ttl time.Duration, args []any) (r grantResult, waited bool, err error) {
+// grantAfterHandover is the first grant attempt of a successor whose
+// handover was prepared (see PrepareHandover), sent as one batch on conn
+// (see waitThenRun): it waits for the handover's lock, for a quarter of
+// ttl at most and never past half of what ctx leaves, and then claims the
+// lease that the holder's release granted it (releaseGranting): claimLock
+// takes the lease's lock, freed before the handover's, if the row names
+// this session, and claimRow, whose snapshot is taken after that, checks
+// that the row still does, and takes the mark and arms the holder's
+// settings. waited reports whether the lease was so granted: false if the
+// lock was not had in time, or the row did not name this session (a
+// holder whose release did not grant it: it reserved the lease, or its
+// session ended; or a candidate took the lock first), when the caller
+// tries as usual, at once.
+func (s *AdvisoryStore) grantAfterHandover(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate, ttl time.Duration) (r grantResult, waited bool, err error) {
 	wait := ttl / 4
 	if d, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(d)/2)
@@ -182,18 +191,26 @@ func (s *AdvisoryStore) grantAfterHandover(ctx context.Context, conn *pgx.Conn, 
 	if wait < time.Millisecond {
 		return r, false, nil
 	}
-	var scanned grantResult
-	ran, errRow, err := waitThenRun(ctx, conn, s.handoverKey(name), wait, stmt, args, func(row pgx.Row) error {
-		var err error
-		scanned, err = scanGrant(row)
-		return err
-	})
+	iv, ms, idle, every := ttlSettings(ttl)
+	var (
+		term       *int64
+		acquiredAt *time.Time
+		n          int64
+	)
+	ran, errRow, err := waitThenRun(ctx, conn, s.handoverKey(name), wait,
+		[]batchStatement{{s.sql.claimLock, []any{name, c.Token, ss.key}}},
+		s.sql.claimRow, []any{name, c.Token, ss.key, iv, ms, idle, every}, func(row pgx.Row) error {
+			return row.Scan(&term, &acquiredAt, &r.marked, &r.transfer.priority, &r.transfer.reason, &n)
+		})
 	switch {
 	case err != nil:
-		return r, false, err
-	case !ran:
-		return r, false, nil
+		return grantResult{}, false, err
+	case errRow != nil:
+		return grantResult{}, false, errRow
+	case !ran || term == nil || acquiredAt == nil:
+		return grantResult{}, false, nil
 	}
-	r, err = s.finishGrant(ctx, conn, ss, name, c, scanned, errRow)
+	r.got, r.term, r.acquiredAt, r.mine, r.epochOK = true, term, acquiredAt, true, true
+	r, err = s.finishGrant(ctx, conn, ss, name, c, r, nil)
 	return r, true, err
 }

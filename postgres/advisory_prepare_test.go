@@ -57,7 +57,7 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	// of a handed-over lease's release as its prepared statement (its
 	// generic plan: a run by the statement's text would plan it anew, as
 	// a custom plan of an unnamed statement, and count nothing here).
-	stmts := map[string]string{"releaseHandedOver": a.sql.releaseHandedOver, "unlockHandedOver": a.sql.unlockHandedOver,
+	stmts := map[string]string{"releaseGranting": a.sql.releaseGranting, "unlockHandedOver": a.sql.unlockHandedOver,
 		"dropHolder": a.sql.dropHolder}
 	runs := func() map[string]int64 {
 		t.Helper()
@@ -83,8 +83,8 @@ func TestAdvisoryPreparedHandoverWakesNoOtherFollower(t *testing.T) {
 	// The release on the successor's path leaves it (run here on alice's
 	// session, in a transaction rolled back).
 	err := ss.do(callCtx(t), a, false, func(conn *pgx.Conn) error {
-		if n := entriesAfter(t, conn, a.opts, "prep", alice, a.sql.releaseHandedOver,
-			"prep", alice.Token, int64(l.Term), bob.Token, bob.ID, string(leader.GrantTransfer), int64(ttl/time.Microsecond)); n != 1 {
+		if n := entriesAfter(t, conn, a.opts, "prep", alice, a.sql.releaseGranting,
+			"prep", alice.Token, int64(l.Term), bob.Token, bob.ID, string(leader.GrantTransfer), int64(ttl/time.Microsecond), int32(12345), int32(0)); n != 1 {
 			t.Errorf("after the handed-over release, in its transaction, the holder has %d entries among the candidates; want 1", n)
 		}
 		return nil

@@ -48,6 +48,10 @@ type reservation struct {
 	// handover's at once and the session's other locks, the mark among
 	// them, markAfter later (see releaseOn).
 	markAfter time.Duration
+	// grantTo, if not 0 (with markAfter), is the backend PID of the
+	// successor's session, which waits for a prepared handover: the
+	// release grants it the lease (see advisoryStatements.releaseGranting).
+	grantTo int32
 }
 
 // release frees the lease of name held by token under term on its
@@ -146,7 +150,13 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 	// the candidates to a statement after the successor's grant
 	// (releaseHandedOver, dropHolder).
 	releaseSQL, releaseArgs := s.sql.release, args
-	if markAfter {
+	switch {
+	case markAfter && h.grantTo != 0:
+		// It grants the lease to the successor's waiting session, whose
+		// statements then only claim it.
+		releaseSQL = s.sql.releaseGranting
+		releaseArgs = append(args[:7:7], strconv.AppendInt(nil, int64(h.grantTo), 10), strconv.AppendInt(nil, int64(h.to.Priority), 10))
+	case markAfter:
 		releaseSQL, releaseArgs = s.sql.releaseHandedOver, args[:7]
 	}
 	var release, unlock, mark, rest, drop *pgconn.StatementDescription

@@ -49,7 +49,11 @@ type session struct {
 	term     uint64
 	holderID string
 	lost     chan struct{} // while held: closed when the lease is known lost
-	lastUsed time.Time
+	// unwatched is the term of the last tenure whose loss nobody watches
+	// for any more (see AdvisoryStore.StopLossWatch): while the session
+	// holds the lease under it, no reader runs between calls.
+	unwatched uint64
+	lastUsed  time.Time
 	// announced is the last term whose grant's notification this session
 	// sent (see notifyLater); owned by whoever holds turn.
 	announced uint64
@@ -121,7 +125,7 @@ func (ss *session) do(ctx context.Context, s *AdvisoryStore, connect bool, fn fu
 		ss.drop()
 		err = fmt.Errorf("%w (%w)", err, errSessionDropped)
 	}
-	if ss.isHeld() {
+	if ss.watched() {
 		ss.startReader(s.log)
 	}
 	return err
@@ -221,6 +225,21 @@ func (ss *session) isHeld() bool {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return ss.held
+}
+
+// watched reports whether the session holds the lease under a term
+// whose loss is still watched for (see AdvisoryStore.StopLossWatch).
+func (ss *session) watched() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.held && ss.term != ss.unwatched
+}
+
+// unwatch records that nobody watches for the loss of term any more.
+func (ss *session) unwatch(term uint64) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.unwatched = term
 }
 
 func (ss *session) heldUnder(term uint64) bool {

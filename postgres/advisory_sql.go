@@ -16,9 +16,10 @@ type advisoryStatements struct {
 	grant, grantQuick, grantLocked, announce, queue, regrant, renew, release, releaseNotice, announcedReleaseNotice, unlock, unlockRest, observe, waiter, reserved, heldHere, request string
 	// namedUnlock and namedMark: see namedUnlock and namedMark.
 	namedUnlock, namedMark string
-	// unlockHandedOver: see unlockHandedOver. releaseHandedOver and
-	// dropHolder: see newAdvisoryStatements.
-	unlockHandedOver, releaseHandedOver, dropHolder string
+	// unlockHandedOver: see unlockHandedOver. releaseHandedOver,
+	// releaseGranting, claimLock, claimRow and dropHolder: see
+	// newAdvisoryStatements.
+	unlockHandedOver, releaseHandedOver, releaseGranting, claimLock, claimRow, dropHolder string
 }
 
 // unlockHandedOver is the second statement of a prepared handover's
@@ -69,6 +70,11 @@ const (
 	namedChannelSetting = "leader.release_channel"
 	namedPayloadSetting = "leader.release_payload"
 )
+
+// claimedSetting is the transaction's setting in which a prepared
+// handover's successor records whether its claimLock statement took the
+// lease's lock, for its claimRow statement after it.
+const claimedSetting = "leader.claimed"
 
 // namedUnlock returns the second statement of a plain release that may
 // name a candidate to wake first (see releaseOn), on the advisory table
@@ -362,7 +368,17 @@ func newAdvisoryStatements(opts Options) advisoryStatements {
 		// transaction, that crowd would run while the server sends the
 		// grant's reply and the winner reads it, on a busy server adding
 		// ten milliseconds and more to a handover.
-		announce: fill(`SELECT pg_notify($4, {grant}) FROM {t} AS a
+		// A grant that a prepared handover's release made
+		// (releaseGranting) left the lease reserved for its holder: the
+		// announce clears that reservation, which would otherwise hold
+		// off the other candidates, after this holder's end, until it
+		// ran out.
+		announce: fill(`WITH claimed AS (
+	UPDATE {t} AS a SET (successor_token, successor_id, successor_reason, reserved_until) = (NULL, NULL, NULL, NULL)
+	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid() AND a.successor_token = a.holder_token
+	RETURNING a.name
+)
+SELECT pg_notify($4, {grant}), (SELECT count(*) FROM claimed) FROM {t} AS a
 	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()`),
 
 		// Queue for the lock: $1 key, $2 the longest wait, as a
@@ -525,6 +541,114 @@ SELECT true, (SELECT count(*) FROM disarmed)`,
 WITH ` + released + `
 SELECT (SELECT count(*) FROM released), false`),
 
+		// Release of a prepared handover whose successor waits, and
+		// whose waiting backend is known (see releaseOn): $1 to $7 as for
+		// releaseHandedOver, $8 the successor's backend PID, $9 its
+		// priority. It grants the lease to the successor as it releases
+		// it, in the same update, while this session still holds the
+		// lock: the next term (above the strategy row's term_floor and
+		// the epoch's floor, as a grant's), the successor's token, ID
+		// and backend, the row's TTL (the successor's claim corrects it
+		// if its own differs), acquired now, its priority, and the
+		// handover's reason; and the lease reserved for the successor,
+		// as ReleaseTo reserves it: a candidate woken meanwhile (the
+		// successor slow to claim it) is refused without trying the lock
+		// (reservedForOther: a row whose holder is its successor counts
+		// as released until the reservation ends; the grant's announce
+		// clears it once the successor holds the lock). The successor's waiting
+		// statements then only take the lease's lock and its mark, and
+		// read the row (claimLock, claimRow), writing nothing: the
+		// handover's path loses the grant's write, about 0.5 ms of the
+		// server's time. The row names the successor before it holds
+		// the lock, so nobody leads under the new term until it has
+		// taken the lock (see claimRow); if someone else takes the lock
+		// first (one whose snapshot came before the release), its grant
+		// finds the row reserved and lets go, and the successor, finding
+		// the lock taken, tries as usual, granted in its own statement
+		// with the term after it (grantReasonSQL: for the handover's
+		// reason, without TakeoverGrace: the row names it).
+		// Where the strategy row does not give the name to the advisory
+		// strategy, or a failover's grace holds grants off (see
+		// epochCTEs, with the row's TTL), it is releaseHandedOver: the
+		// lease released and reserved for the successor, whose claim
+		// then finds nothing and which is granted by its grant
+		// statement. Committed durably when it grants (durableCommit):
+		// the successor leads under the term it wrote. Returns 1 if
+		// released, and whether it granted.
+		releaseGranting: strings.NewReplacer("{t}", table, "{s}", strategies,
+			"{ep}", epochCTEs(opts.qualifiedEpochTable(), "(SELECT x.ttl FROM "+table+" AS x WHERE x.name = $1)")).Replace(`
+WITH st AS MATERIALIZED (
+	SELECT s.term_floor FROM {s} AS s WHERE s.name = $1 AND s.strategy = 'advisory' AND $8::int4 IS NOT NULL FOR KEY SHARE
+), {ep}, pre AS MATERIALIZED (
+	SELECT greatest(st.term_floor, ep.floor) AS floor FROM st, ep WHERE ep.ok
+), released AS (
+	UPDATE {t} AS a
+	SET (term, holder_token, holder_id, holder_pid, ttl, acquired_at, released_at, priority, reason, ` + clearedTransfer + `) = (
+		CASE WHEN p.floor IS NULL THEN a.term ELSE greatest(a.term, p.floor) + 1 END,
+		CASE WHEN p.floor IS NULL THEN NULL ELSE $4 END,
+		CASE WHEN p.floor IS NULL THEN '' ELSE $5 END,
+		CASE WHEN p.floor IS NULL THEN NULL ELSE $8::int4 END,
+		CASE WHEN p.floor IS NULL THEN NULL ELSE a.ttl END,
+		CASE WHEN p.floor IS NULL THEN NULL ELSE c.now END,
+		c.now,
+		CASE WHEN p.floor IS NULL THEN a.priority ELSE $9::int4 END,
+		CASE WHEN p.floor IS NULL THEN a.reason ELSE $6 END,
+		NULL, NULL, NULL, $4, $5, $6, c.now + $7::bigint * interval '1 microsecond')
+	FROM clock_timestamp() AS c(now) LEFT JOIN pre AS p ON true
+	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
+	RETURNING a.name, p.floor IS NOT NULL AS granted
+), durable AS (
+	SELECT ` + durableCommit + ` FROM released AS r WHERE r.granted
+)
+SELECT (SELECT count(*) FROM released), coalesce((SELECT r.granted FROM released AS r), false) AND EXISTS (SELECT FROM durable)`),
+
+		// Claim lock, the statement that a prepared handover's successor
+		// runs once it has the handover's lock (see grantAfterHandover),
+		// before claimRow, in the same transaction: $1 name, $2 token, $3
+		// key. If its snapshot, taken after the handover's lock, shows the
+		// row naming this token and this backend (releaseGranting granted
+		// it the lease), it tries the lease's lock; it records whether it
+		// took it in the transaction's setting claimedSetting.
+		claimLock: fill(`SELECT set_config('` + claimedSetting + `', (CASE
+	WHEN EXISTS (SELECT FROM {t} AS a WHERE a.name = $1 AND a.holder_token = $2 AND a.holder_pid = pg_backend_pid())
+	THEN pg_try_advisory_lock($3::bigint) ELSE false END)::text, true)`),
+
+		// Claim row, after claimLock, in a statement of its own, so that
+		// its snapshot, taken after the lock, shows the row as the last
+		// holder of the lock left it: $1 name, $2 token, $3 key, $4 ttl,
+		// $5 ttl in ms, $6 keepalive idle, $7 keepalive interval. If
+		// claimLock took the lock and the row still names this token and
+		// this backend, the lease is this session's under the row's term:
+		// it takes the mark, arms the holder's settings, and corrects the
+		// row's TTL if it is not this candidate's (the only write, in
+		// that case alone); it returns the term, when it was acquired,
+		// whether it took the mark, the priority and the reason. If
+		// claimLock took the lock but the row names someone else now (a
+		// candidate that took the lock between the release and
+		// claimLock, was granted and let go), it lets go of the lock,
+		// and returns NULLs, as when claimLock took nothing: the
+		// successor then tries as usual.
+		claimRow: fill(`
+WITH me AS MATERIALIZED (
+	SELECT a.term, a.acquired_at, a.ttl, a.priority, a.reason FROM {t} AS a
+	WHERE coalesce(current_setting('` + claimedSetting + `', true), '') = 'true'
+		AND a.name = $1 AND a.holder_token = $2 AND a.holder_pid = pg_backend_pid()
+), marked AS MATERIALIZED (
+	SELECT pg_try_advisory_lock(` + markClass + `, pg_backend_pid()) AS ok FROM me
+), armed AS (
+	SELECT ` + holderSettings("$5", "$6", "$7") + ` FROM me
+), changed AS (
+	UPDATE {t} AS a SET ttl = $4::interval FROM me
+	WHERE a.name = $1 AND a.holder_token = $2 AND a.holder_pid = pg_backend_pid() AND me.ttl IS DISTINCT FROM $4::interval
+	RETURNING a.name
+), dropped AS MATERIALIZED (
+	SELECT pg_advisory_unlock($3::bigint) AS ok
+	WHERE coalesce(current_setting('` + claimedSetting + `', true), '') = 'true' AND NOT EXISTS (SELECT FROM me)
+)
+SELECT m.term, m.acquired_at, coalesce((SELECT ok FROM marked), false), m.priority, m.reason,
+	(SELECT count(*) FROM armed) + (SELECT count(*) FROM changed) + (SELECT count(*) FROM dropped)
+FROM (SELECT 1) AS x LEFT JOIN me AS m ON true`),
+
 		// The removal of the holder's own entry among the candidates
 		// after a prepared handover's release (releaseHandedOver): see
 		// dropReleasedHolder.
@@ -546,12 +670,13 @@ SELECT (SELECT count(*) FROM released), false`),
 		// is gone, or one of an earlier server (after a failover, every
 		// row does), whose PID a live backend may have now. Then, with
 		// that backend, the row's term.
-		reserved: fill(`SELECT CASE WHEN a.holder_token IS NULL AND a.reserved_until > clock_timestamp() THEN a.successor_token END,
-	CASE WHEN a.holder_token IS NULL AND a.reserved_until > clock_timestamp()
-		THEN (extract(epoch FROM a.reserved_until - clock_timestamp()) * 1000000)::bigint ELSE 0 END,
+		reserved: fill(`SELECT CASE WHEN r.open THEN a.successor_token END,
+	CASE WHEN r.open THEN (extract(epoch FROM a.reserved_until - clock_timestamp()) * 1000000)::bigint ELSE 0 END,
 	h.pid, CASE WHEN h.pid IS NOT NULL THEN a.term END
 FROM {t} AS a
 CROSS JOIN LATERAL (SELECT CASE WHEN a.holder_token IS NOT NULL AND EXISTS (` + heldBy("$2", "$3") + ` AND l.pid = a.holder_pid) THEN a.holder_pid END) AS h(pid)
+CROSS JOIN LATERAL (SELECT (a.holder_token IS NULL OR (a.holder_token = a.successor_token AND h.pid IS NULL))
+	AND a.reserved_until > clock_timestamp()) AS r(open)
 WHERE a.name = $1`),
 
 		// Waiter, a lock waiter's look: $1 and $2 the key's halves, $3

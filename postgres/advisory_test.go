@@ -550,9 +550,9 @@ func waitAnnounced(t *testing.T, pool *pgxpool.Pool, s *AdvisoryStore, name stri
 	}()
 	electortest.Eventually(t, 10*time.Second, "the grant of "+name+" to be announced", func() bool {
 		var idle bool
-		err := pool.QueryRow(callCtx(t), `SELECT coalesce(bool_or(act.state = 'idle' AND act.query LIKE 'SELECT pg_notify(%'), false)
+		err := pool.QueryRow(callCtx(t), `SELECT coalesce(bool_or(act.state = 'idle' AND act.query = $2), false)
 			FROM leader_advisory AS a JOIN pg_stat_activity AS act ON act.pid = a.holder_pid
-			WHERE a.name = $1`, name).Scan(&idle)
+			WHERE a.name = $1`, name, s.sql.announce).Scan(&idle)
 		if err != nil {
 			t.Fatalf("reading the holder's activity: %v", err)
 		}
@@ -745,5 +745,50 @@ func TestAdvisoryReleaseFreesALockTakenTwice(t *testing.T) {
 	mustRelease(t, s, "twice", alice, held.Term)
 	if l, granted := mustAcquire(t, s, "twice", bob, time.Minute); !granted {
 		t.Fatalf("Acquire after the release of a lock taken twice: %+v, not granted", l)
+	}
+}
+
+// TestAdvisoryStopLossWatchHaltsTheReader checks that StopLossWatch stops,
+// in the background, the reader that waits on the holder's idle session
+// (see Lost), and that the session reads again once it is granted the
+// lease again: a release, or a prepared handover's Commit, need not stop it
+// first. The lease is untouched: it is released as usual.
+func TestAdvisoryStopLossWatchHaltsTheReader(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	s := setupAdvisory(t, pool, Options{})
+	alice := candidate("alice")
+	const ttl = time.Minute
+	held := mustGrant(t, s, "unwatched", alice, ttl)
+	waitAnnounced(t, pool, s, "unwatched")
+	ss := s.holderSession(t, "unwatched")
+	reading := func() bool {
+		ss.turn <- struct{}{}
+		defer func() { <-ss.turn }()
+		return ss.stopReader != nil
+	}
+	if !reading() {
+		t.Fatal("no reader waits on the holder's idle session")
+	}
+	s.StopLossWatch("unwatched", alice.Token, held.Term)
+	electortest.Eventually(t, 10*time.Second, "the reader to stop", func() bool { return !reading() })
+	if !ss.heldUnder(held.Term) {
+		t.Fatal("StopLossWatch changed the session's lease")
+	}
+	if _, err := s.Renew(callCtx(t), "unwatched", alice.Token, held.Term, ttl); err != nil {
+		t.Fatalf("Renew after StopLossWatch: %v", err)
+	}
+	if reading() {
+		t.Fatal("a call after StopLossWatch started the reader again")
+	}
+	if err := s.Release(callCtx(t), "unwatched", alice.Token, held.Term); err != nil {
+		t.Fatalf("Release after StopLossWatch: %v", err)
+	}
+	again := mustGrant(t, s, "unwatched", alice, ttl)
+	if again.Term != held.Term+1 {
+		t.Fatalf("granted again under term %d; want %d", again.Term, held.Term+1)
+	}
+	if !reading() {
+		t.Fatal("no reader waits on the session granted the lease again")
 	}
 }

@@ -284,32 +284,40 @@ func prepareNotice(name string, term uint64, successor leader.Candidate) (what, 
 // awaitSuccessor looks in pg_locks every preparePoll until a session
 // waits for p's lock, or wait has passed, and reports whether one did.
 func (p *preparedHandover) awaitSuccessor(ctx context.Context, wait time.Duration) (bool, error) {
-	return awaitHandoverWaiter(ctx, p.conn, p.key, wait)
+	waiting, _, err := awaitHandoverWaiter(ctx, p.conn, p.key, wait)
+	return waiting, err
 }
 
 // awaitHandoverWaiter looks in pg_locks, on q, every preparePoll until a
 // session waits for the lock of prepared handovers of key, or wait has
-// passed, and reports whether one did.
+// passed, and reports whether one did, and the backend PID of the one
+// session that waits (0 if more than one do).
 func awaitHandoverWaiter(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, key int32, wait time.Duration) (bool, error) {
+}, key int32, wait time.Duration) (waiting bool, pid int32, err error) {
 	until := time.Now().Add(wait)
 	for {
-		var waiting bool
-		err := q.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks AS l
+		var (
+			n   int64
+			one *int32
+		)
+		err := q.QueryRow(ctx, `SELECT count(*), CASE WHEN count(*) = 1 THEN min(l.pid) END FROM pg_locks AS l
 	WHERE l.locktype = 'advisory'
 		AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-		AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 2 AND NOT l.granted)`,
-			int64(handoverClass), int64(uint32(key))).Scan(&waiting)
+		AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 2 AND NOT l.granted`,
+			int64(handoverClass), int64(uint32(key))).Scan(&n, &one)
 		left := time.Until(until)
-		if err != nil || waiting || left <= 0 {
-			return waiting, err
+		if err != nil || n > 0 || left <= 0 {
+			if one != nil {
+				pid = *one
+			}
+			return n > 0, pid, err
 		}
 		t := time.NewTimer(min(preparePoll, left))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return false, ctx.Err()
+			return false, 0, ctx.Err()
 		case <-t.C:
 		}
 	}
@@ -550,7 +558,7 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	} else if ctx.Err() != nil {
 		return false, false, ctx.Err()
 	}
-	ran, errRow, err := waitThenRun(ctx, conn.Conn(), s.handoverKey(name), wait, stmt,
+	ran, errRow, err := waitThenRun(ctx, conn.Conn(), s.handoverKey(name), wait, nil, stmt,
 		[]any{name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)},
 		func(row pgx.Row) error { return row.Scan(dest...) })
 	switch {
@@ -568,6 +576,12 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 	return ran, ran, nil
 }
 
+// batchStatement is a statement and its arguments, queued in a batch.
+type batchStatement struct {
+	sql  string
+	args []any
+}
+
 // errWaitBatch marks waitThenRun's errors of the batch itself, as
 // opposed to those of the ROLLBACK after a wait that ran out.
 var errWaitBatch = errors.New("waiting for a prepared handover")
@@ -579,18 +593,20 @@ var errWaitBatch = errors.New("waiting for a prepared handover")
 // preparer's unlock), for wait at most (lock_timeout), and then runs stmt
 // with args, whose row read reads. The transaction is read committed
 // whatever the role's default, so that stmt's snapshot is taken after the
-// lock, and shows the release. While it waits, the server looks every
-// waitCheckEvery whether this client is still there (PostgreSQL 14 and
-// later), so that a successor that died meanwhile is not granted the
+// lock, and shows the release; before stmt, it runs each of before, each a
+// statement with a snapshot of its own. While it waits, the server looks
+// every waitCheckEvery whether this client is still there (PostgreSQL 14
+// and later), so that a successor that died meanwhile is not granted the
 // lease; stmt itself waits for row locks as usual.
 //
 // ran reports whether the lock was had in time, and stmt ran; errRow is
-// read's error then. If the wait ran out (lock_not_available, or a
+// read's error then (an error of one of before is an error of the batch).
+// If the wait ran out (lock_not_available, or a
 // statement_timeout of the role's that came first), nothing after it ran
 // and the transaction is rolled back: ran is false, and err is the
 // ROLLBACK's error, if any. Any other error of the batch wraps
 // errWaitBatch.
-func waitThenRun(ctx context.Context, conn *pgx.Conn, key int32, wait time.Duration, stmt string, args []any, read func(pgx.Row) error) (ran bool, errRow, err error) {
+func waitThenRun(ctx context.Context, conn *pgx.Conn, key int32, wait time.Duration, before []batchStatement, stmt string, args []any, read func(pgx.Row) error) (ran bool, errRow, err error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue(`SELECT set_config('lock_timeout', $1, true),
@@ -600,12 +616,20 @@ func waitThenRun(ctx context.Context, conn *pgx.Conn, key int32, wait time.Durat
 		strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms", strconv.FormatInt(waitCheckEvery.Milliseconds(), 10),
 		int32(handoverClass), key)
 	b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
+	for _, st := range before {
+		b.Queue(st.sql, st.args...)
+	}
 	b.Queue(stmt, args...)
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	_, errBegin := br.Exec()
 	_, errLock := br.Exec()
 	_, errReset := br.Exec()
+	for range before {
+		if _, err := br.Exec(); err != nil && errReset == nil {
+			errReset = err
+		}
+	}
 	errRow = read(br.QueryRow())
 	tag, errCommit := br.Exec()
 	errClose := br.Close() // the first of the errors above, if any

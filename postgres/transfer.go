@@ -100,19 +100,26 @@ func (r transferRow) apply(l *leader.Lease) {
 // reservedForOther returns the SQL condition that the released lease of
 // row a is reserved, at the server's now, for a token other than the one
 // in token (an SQL expression); false (not NULL) when it is not reserved.
+// A row whose holder is its successor (an advisory handover's release
+// granted the successor the lease, see advisoryStatements.releaseGranting)
+// counts as released until its reservation ends: the successor may not
+// hold the lock yet.
 func reservedForOther(a, token string) string {
-	return fmt.Sprintf(`coalesce(%[1]s.holder_token IS NULL AND %[1]s.reserved_until > clock_timestamp() AND %[1]s.successor_token <> %[2]s, false)`, a, token)
+	return fmt.Sprintf(`coalesce((%[1]s.holder_token IS NULL OR %[1]s.holder_token = %[1]s.successor_token)
+		AND %[1]s.reserved_until > clock_timestamp() AND %[1]s.successor_token <> %[2]s, false)`, a, token)
 }
 
 // grantReasonSQL returns the SQL expression of why a grant to the token in
 // token (an SQL expression) is made, from the lease row a as it stood
 // before the grant, where held is the SQL condition that a was held then:
-// the reservation's reason for its successor, 'release' for a released
+// the reservation's reason for its successor (also where the row already
+// names it, granted by an advisory handover's release whose grant it
+// could not claim), 'release' for a released
 // lease, the empty reason for the holder while it held it, and 'expiry'
 // otherwise (its holder went without a release).
 func grantReasonSQL(a, token, held string) string {
 	return fmt.Sprintf(`CASE
-			WHEN %[1]s.holder_token IS NULL AND %[1]s.successor_token = %[2]s AND %[1]s.reserved_until > clock_timestamp() THEN %[1]s.successor_reason
+			WHEN (%[1]s.holder_token IS NULL OR %[1]s.holder_token = %[2]s) AND %[1]s.successor_token = %[2]s AND %[1]s.reserved_until > clock_timestamp() THEN %[1]s.successor_reason
 			WHEN %[1]s.holder_token IS NULL THEN 'release'
 			WHEN %[1]s.holder_token = %[2]s AND %[3]s THEN ''
 			ELSE 'expiry'
