@@ -146,6 +146,13 @@ func (e *emitter) write(ev event, after time.Duration) {
 	})
 }
 
+// flush writes the lines not written yet (see emitAfter).
+func (e *emitter) flush() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.w.Flush()
+}
+
 // demotedLineAfter is how long after OnDemoted a candidate child writes
 // the line of its "demoted" event (see emitAfter), unless another event
 // comes first. The line wakes the parent process, which, written at once,
@@ -226,6 +233,7 @@ func childMain(role string) int {
 }
 
 func runCandidate(spec childSpec, em *emitter, logger *slog.Logger) int {
+	defer em.flush() // a "demoted" line not written yet (see emitAfter)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	be, err := newBackend(ctx, spec, logger)
 	cancel()
