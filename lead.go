@@ -305,8 +305,9 @@ loop:
 	t.mu.Unlock()
 	// Nothing waits on the store's loss notice now: a store that watches
 	// on the lease's own connection stops while OnDemoted runs, not at the
-	// start of the release (see LossWatchStopper).
-	if ls, ok := e.store.(LossWatchStopper); ok {
+	// start of the release (see LossWatchStopper). Only before a release:
+	// a lease not released is left as it is.
+	if ls, ok := e.store.(LossWatchStopper); ok && !released && reason != LossExpired && reason != LossError {
 		ls.StopLossWatch(e.cfg.Name, e.cand.Token, term)
 	}
 

@@ -182,9 +182,10 @@ type LossNotifier interface {
 // that reads the lease's own server session while it is idle, and must
 // stop reading before it can send the release. The Elector calls
 // StopLossWatch as soon as a tenure's leadership has ended (IsLeader is
-// false and the leader context cancelled), before OnDemoted runs, since
-// it no longer waits on Lost for that tenure; the store can then stop
-// watching while OnDemoted runs, rather than at the start of the release.
+// false and the leader context cancelled), before OnDemoted runs, when it
+// will release the lease or hand it over afterwards, since it no longer
+// waits on Lost for that tenure; the store can then stop watching while
+// OnDemoted runs, rather than at the start of the release.
 type LossWatchStopper interface {
 	LossNotifier
 	// StopLossWatch tells the store that nobody waits on Lost(name,

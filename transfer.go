@@ -153,7 +153,12 @@ type PreparedForChecker interface {
 type PreparedHandover interface {
 	// Commit does what Transferer.ReleaseTo does for the prepared
 	// handover, and then lets the successor's waiting Acquire run, which
-	// is granted the lease with the next term. It returns an error
+	// is granted the lease with the next term. A store may make that
+	// grant in the release itself, to the successor's waiting session
+	// (the PostgreSQL advisory store does), which its Acquire then
+	// claims; a grant the successor cannot claim (it went meanwhile)
+	// leaves the lease reserved for it until hold has passed, and then
+	// as one whose holder went without a release. It returns an error
 	// wrapping ErrLeaseLost if the lease was not held by the token under
 	// the term any more. A PreparedHandover is used once: after Commit,
 	// Commit fails and Abort does nothing.

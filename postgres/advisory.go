@@ -196,10 +196,11 @@ import (
 // takes the mark and arms the holder's settings: a claim that writes
 // nothing, without the lock waiter's wake-up or a round trip between the
 // release and it. Nobody leads under the new term before the successor's
-// session holds the lock; a candidate that takes the lock first finds the
-// row naming a holder without it and takes the lease over, with the term
-// after it, after TakeoverGrace, and the successor, finding the lock held
-// or the row changed, tries as usual. When the waiting session is not
+// session holds the lock. The row stays reserved for the successor until
+// its grant's announce: another candidate is refused meanwhile, one that
+// took the lock anyway lets go, and a successor whose claim finds the
+// lock held or the row changed tries as usual, and is granted the term
+// after. When the waiting session is not
 // known (none or two waited, the strategy row or a failover's grace refuse
 // the grant), the release reserves the lease as ReleaseTo does, and the
 // successor's grant statement takes it. When the successor waited, the

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
+	"github.com/leaderelect/leader/internal/electortest"
 	"github.com/leaderelect/leader/internal/pgtest"
 )
 
@@ -573,4 +574,61 @@ func TestAdvisoryGrantedReleaseStaysReserved(t *testing.T) {
 	if took := time.Since(start); took >= grace {
 		t.Errorf("bob's grant took %v: it waited TakeoverGrace (%v) for itself", took, grace)
 	}
+}
+
+// TestAdvisoryLockWaiterTakesAnUnclaimedGrantForAGrantInFlight checks that
+// a lock waiter that finds the lease's lock held without its mark by the
+// backend that a handover's release granted the lease to (the row names
+// it, still reserved for it: its claim has taken the lock, not yet the
+// mark) takes it for a grant in flight, and looks again, rather than for a
+// holder without its mark, whose lock it would wait on itself: that wait,
+// granted the shared lock at the holder's next unlock, made the next
+// successor's claim fail.
+func TestAdvisoryLockWaiterTakesAnUnclaimedGrantForAGrantInFlight(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	s := setupAdvisory(t, pool, Options{})
+	watchers := setupAdvisory(t, pool, Options{})
+	watchers.waiterPoll = 20 * time.Millisecond // looks often at a free lock
+	const name = "claiming"
+	alice, bob := candidate("alice"), candidate("bob")
+	l := mustGrant(t, s, name, alice, time.Minute)
+	mustRelease(t, s, name, alice, l.Term)
+	ch := watchers.watchFreeSettled(t, name)
+	drain(ch)
+	key := s.Key(name)
+	x, err := pool.Acquire(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		x.Conn().Close(context.Background()) // frees its locks
+		x.Release()
+	}()
+	pid := int32(x.Conn().PgConn().PID())
+	// As releaseGranting leaves the row, granted to x's backend, which
+	// then takes the lock without its mark yet.
+	if _, err := pool.Exec(callCtx(t), `UPDATE `+s.opts.qualifiedAdvisoryTable()+` SET (term, holder_token, holder_id, holder_pid, ttl, acquired_at,
+		successor_token, successor_id, successor_reason, reserved_until) = (term + 1, $2, 'bob', $3, interval '1 minute', clock_timestamp(),
+		$2, 'bob', 'transfer', clock_timestamp() + interval '1 minute') WHERE name = $1`, name, bob.Token, pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Exec(callCtx(t), `SELECT pg_advisory_lock($1::bigint)`, key); err != nil {
+		t.Fatal(err)
+	}
+	// Several of the lock waiter's looks (every 20 ms at a free lock, and
+	// at markLook and after for a grant in flight) come meanwhile.
+	for range 10 {
+		time.Sleep(30 * time.Millisecond)
+		if r := requests(t, pool, key, pid); r.lockSharedWaiting != 0 {
+			t.Fatalf("the lock waiter waits on the lease's lock itself (%+v): it took the claiming successor for a holder without its mark", r)
+		}
+	}
+	// The claim takes the mark: the lock waiter waits on it.
+	if _, err := x.Exec(callCtx(t), `SELECT pg_advisory_lock(`+markClass+`, pg_backend_pid())`); err != nil {
+		t.Fatal(err)
+	}
+	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's mark", func() bool {
+		return requests(t, pool, key, pid).markSharedWaiting == 1
+	})
 }

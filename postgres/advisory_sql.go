@@ -71,10 +71,14 @@ const (
 	namedPayloadSetting = "leader.release_payload"
 )
 
-// claimedSetting is the transaction's setting in which a prepared
-// handover's successor records whether its claimLock statement took the
-// lease's lock, for its claimRow statement after it.
-const claimedSetting = "leader.claimed"
+// claimedSetting and claimedMarkSetting are the transaction's settings in
+// which a prepared handover's successor records whether its claimLock
+// statement took the lease's lock, and its mark, for its claimRow
+// statement after it.
+const (
+	claimedSetting     = "leader.claimed"
+	claimedMarkSetting = "leader.claimed_mark"
+)
 
 // namedUnlock returns the second statement of a plain release that may
 // name a candidate to wake first (see releaseOn), on the advisory table
@@ -607,11 +611,20 @@ SELECT (SELECT count(*) FROM released), coalesce((SELECT r.granted FROM released
 		// before claimRow, in the same transaction: $1 name, $2 token, $3
 		// key. If its snapshot, taken after the handover's lock, shows the
 		// row naming this token and this backend (releaseGranting granted
-		// it the lease), it tries the lease's lock; it records whether it
-		// took it in the transaction's setting claimedSetting.
-		claimLock: fill(`SELECT set_config('` + claimedSetting + `', (CASE
-	WHEN EXISTS (SELECT FROM {t} AS a WHERE a.name = $1 AND a.holder_token = $2 AND a.holder_pid = pg_backend_pid())
-	THEN pg_try_advisory_lock($3::bigint) ELSE false END)::text, true)`),
+		// it the lease), it tries the lease's lock, and, if it took it,
+		// the mark, in the same statement (a lock waiter that looked
+		// between the two would take the row's holder for one without its
+		// mark, and wait on the lease's lock itself); it records whether
+		// it took each in the transaction's settings claimedSetting and
+		// claimedMarkSetting.
+		claimLock: fill(`WITH lk AS MATERIALIZED (
+	SELECT CASE WHEN EXISTS (SELECT FROM {t} AS a WHERE a.name = $1 AND a.holder_token = $2 AND a.holder_pid = pg_backend_pid())
+		THEN pg_try_advisory_lock($3::bigint) ELSE false END AS got
+), mk AS MATERIALIZED (
+	SELECT pg_try_advisory_lock(` + markClass + `, pg_backend_pid()) AS ok FROM lk WHERE lk.got
+)
+SELECT set_config('` + claimedSetting + `', (SELECT lk.got FROM lk)::text, true),
+	set_config('` + claimedMarkSetting + `', coalesce((SELECT mk.ok FROM mk), false)::text, true)`),
 
 		// Claim row, after claimLock, in a statement of its own, so that
 		// its snapshot, taken after the lock, shows the row as the last
@@ -619,14 +632,14 @@ SELECT (SELECT count(*) FROM released), coalesce((SELECT r.granted FROM released
 		// $5 ttl in ms, $6 keepalive idle, $7 keepalive interval. If
 		// claimLock took the lock and the row still names this token and
 		// this backend, the lease is this session's under the row's term:
-		// it takes the mark, arms the holder's settings, and corrects the
+		// it arms the holder's settings, and corrects the
 		// row's TTL if it is not this candidate's (the only write, in
 		// that case alone); it returns the term, when it was acquired,
-		// whether it took the mark, the priority and the reason. If
+		// whether claimLock took the mark, the priority and the reason. If
 		// claimLock took the lock but the row names someone else now (a
 		// candidate that took the lock between the release and
-		// claimLock, was granted and let go), it lets go of the lock,
-		// and returns NULLs, as when claimLock took nothing: the
+		// claimLock, was granted and let go), it lets go of the lock and
+		// the mark, and returns NULLs, as when claimLock took nothing: the
 		// successor then tries as usual.
 		claimRow: fill(`
 WITH me AS MATERIALIZED (
@@ -634,7 +647,7 @@ WITH me AS MATERIALIZED (
 	WHERE coalesce(current_setting('` + claimedSetting + `', true), '') = 'true'
 		AND a.name = $1 AND a.holder_token = $2 AND a.holder_pid = pg_backend_pid()
 ), marked AS MATERIALIZED (
-	SELECT pg_try_advisory_lock(` + markClass + `, pg_backend_pid()) AS ok FROM me
+	SELECT coalesce(current_setting('` + claimedMarkSetting + `', true), '') = 'true' AS ok FROM me
 ), armed AS (
 	SELECT ` + holderSettings("$5", "$6", "$7") + ` FROM me
 ), changed AS (
@@ -642,7 +655,9 @@ WITH me AS MATERIALIZED (
 	WHERE a.name = $1 AND a.holder_token = $2 AND a.holder_pid = pg_backend_pid() AND me.ttl IS DISTINCT FROM $4::interval
 	RETURNING a.name
 ), dropped AS MATERIALIZED (
-	SELECT pg_advisory_unlock($3::bigint) AS ok
+	SELECT pg_advisory_unlock($3::bigint) AS ok,
+		CASE WHEN coalesce(current_setting('` + claimedMarkSetting + `', true), '') = 'true'
+			THEN pg_advisory_unlock(` + markClass + `, pg_backend_pid()) END AS mark
 	WHERE coalesce(current_setting('` + claimedSetting + `', true), '') = 'true' AND NOT EXISTS (SELECT FROM me)
 )
 SELECT m.term, m.acquired_at, coalesce((SELECT ok FROM marked), false), m.priority, m.reason,
@@ -683,11 +698,15 @@ WHERE a.name = $1`),
 		// the name. The PID of the lock's holder (NULL if it is free),
 		// whether the holder holds its mark too, and the backend that the
 		// name's row names as its holder and the row's term (NULL if it
-		// names none).
+		// names none), and whether the row is a prepared handover's grant
+		// that its successor may not have claimed yet (its holder is its
+		// successor, still reserved: see releaseGranting), whose lock may
+		// be held a moment without its mark, as a grant in flight's.
 		waiter: fill(`WITH k AS MATERIALIZED (` + heldBy("$1", "$2") + ` LIMIT 1),
-r AS (SELECT a.holder_pid, a.term FROM {t} AS a WHERE a.name = $3 AND a.holder_token IS NOT NULL)
+r AS (SELECT a.holder_pid, a.term, coalesce(a.holder_token = a.successor_token AND a.reserved_until > clock_timestamp(), false) AS claiming
+	FROM {t} AS a WHERE a.name = $3 AND a.holder_token IS NOT NULL)
 SELECT (SELECT k.pid FROM k), EXISTS (SELECT FROM k WHERE EXISTS (` + markedBy("k.pid") + `)),
-	(SELECT r.holder_pid FROM r), (SELECT r.term FROM r)`),
+	(SELECT r.holder_pid FROM r), (SELECT r.term FROM r), coalesce((SELECT r.claiming FROM r), false)`),
 
 		// Held here: whether this session holds the lock; $1 and $2 the
 		// key's halves.

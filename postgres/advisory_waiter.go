@@ -173,7 +173,9 @@ func (s *AdvisoryStore) connectWaiter(ctx context.Context) (*pgx.Conn, error) {
 //
 // A lock held without its mark, while the row names another backend or
 // none, is most likely a grant in flight: it takes the lock, then its
-// mark, then commits its row. waitOn looks again at the grant's
+// mark, then commits its row. So is one whose row a prepared handover's
+// release wrote for its successor (claiming): the successor's claim takes
+// the lock and its mark after the row was committed. waitOn looks again at the grant's
 // announcement, or after markLook, then twice as long each time. A holder
 // without its mark that the row names (a store of an older version, or
 // one whose session ended and whose lock outlasts its mark), or a lock held
@@ -238,13 +240,14 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 			marked    bool   // whether the holder holds its mark
 			rowHolder *int32 // the backend the row names, if it has a holder
 			rowTerm   *int64 // the row's term, with rowHolder
+			claiming  bool   // the row is a handover's grant, perhaps not yet claimed
 		)
 		hinted := next.pid != 0
 		if hinted {
 			n, t := next.pid, next.term
 			holder, marked, rowHolder, rowTerm, next = &n, true, &n, &t, holding{}
 		} else {
-			if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&holder, &marked, &rowHolder, &rowTerm); err != nil {
+			if err := conn.QueryRow(ctx, s.sql.waiter, hi, lo, name).Scan(&holder, &marked, &rowHolder, &rowTerm, &claiming); err != nil {
 				return err // waitLoop wakes the watchers
 			}
 			ready() // the session looks: it got going (see sessionLoop)
@@ -275,7 +278,7 @@ func (s *AdvisoryStore) waitOn(ctx context.Context, conn *pgx.Conn, name string,
 		}
 		owed, gone = true, 0
 		w.firstLookDone()
-		if !marked && (rowHolder == nil || *rowHolder != *holder) {
+		if !marked && (rowHolder == nil || *rowHolder != *holder || claiming) {
 			if inFlight.IsZero() {
 				inFlight, inFlightWait = time.Now(), markLook
 			}
