@@ -193,7 +193,8 @@ func (r *Recorder) Store(store leader.Store, instance string) *RecordingStore {
 // records what bounds its Elector's belief that it leads: when a granting
 // Acquire was sent and when it returned (the belief starts after both), each
 // successful Renew, and when each Release was sent (the belief has ended by
-// then). It is a leader.LossNotifier if the store it wraps is one.
+// then). It is a leader.LossNotifier (and LossWatchStopper) if the store it
+// wraps is one.
 //
 // Acquire or Renew succeeding on the store but failing to be recorded
 // returns an error instead, so that the Elector never leads unrecorded; a
@@ -205,9 +206,10 @@ type RecordingStore struct {
 }
 
 var (
-	_ leader.Store        = (*RecordingStore)(nil)
-	_ leader.LossNotifier = (*RecordingStore)(nil)
-	_ leader.FreeWatcher  = (*RecordingStore)(nil)
+	_ leader.Store            = (*RecordingStore)(nil)
+	_ leader.LossNotifier     = (*RecordingStore)(nil)
+	_ leader.LossWatchStopper = (*RecordingStore)(nil)
+	_ leader.FreeWatcher      = (*RecordingStore)(nil)
 )
 
 // Acquire implements leader.Store.
@@ -287,6 +289,14 @@ func (s *RecordingStore) Lost(name, token string, term uint64) <-chan struct{} {
 		return ln.Lost(name, token, term)
 	}
 	return nil
+}
+
+// StopLossWatch implements leader.LossWatchStopper: it tells the wrapped
+// store, if that store is one.
+func (s *RecordingStore) StopLossWatch(name, token string, term uint64) {
+	if ls, ok := s.store.(leader.LossWatchStopper); ok {
+		ls.StopLossWatch(name, token, term)
+	}
 }
 
 // Load reads the events of every history file in dir (those Create made),
