@@ -2,11 +2,13 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
@@ -335,8 +337,9 @@ ON CONFLICT (timeline) DO UPDATE SET seen_at = excluded.seen_at`},
 // which a prepared handover's successor claims the lease that the release
 // granted it (claimLock, claimRow): it takes the lock and its mark and
 // arms the holder's settings only if the row names its token and its
-// backend and the lock is free; a row naming another backend, or a lock
-// someone else holds, leaves it holding nothing; and a lock taken while
+// backend and it gets the lock; a row naming another backend, or a lock
+// someone else holds past lock_timeout (which claimLock waits for), leaves
+// it holding nothing; and a lock taken while
 // the row, read after it, names someone else, is let go.
 func TestAdvisoryClaimTakesOnlyAGrantToItsSession(t *testing.T) {
 	t.Parallel()
@@ -361,6 +364,10 @@ func TestAdvisoryClaimTakesOnlyAGrantToItsSession(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(context.Background()) //nolint:errcheck // a no-op after Commit
+		// As the successor's batch sets it for claimLock (waitThenRun).
+		if _, err := tx.Exec(callCtx(t), `SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(beforeLockWait.Milliseconds(), 10)+"ms"); err != nil {
+			t.Fatal(err)
+		}
 		if setting {
 			// claimLock's record, as if it had taken the lock.
 			if _, err := tx.Exec(callCtx(t), `SELECT set_config('`+claimedSetting+`', 'true', true)`); err != nil {
@@ -448,8 +455,20 @@ func TestAdvisoryClaimTakesOnlyAGrantToItsSession(t *testing.T) {
 			t.Fatal(err)
 		}
 		grantTo(t, pid)
-		if term, _ := claim(t, x, false); term != nil {
-			t.Fatalf("claimed term %d while another session holds the lock", *term)
+		// claimLock waits for the lock, for lock_timeout at most.
+		tx, err := x.Begin(callCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(callCtx(t), `SELECT set_config('lock_timeout', '50ms', true)`); err != nil {
+			t.Fatal(err)
+		}
+		_, err = tx.Exec(callCtx(t), s.sql.claimLock, "c", bob.Token, key)
+		if err := tx.Rollback(callCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+			t.Fatalf("claimLock while another session holds the lock: %v; want it to wait and run out of lock_timeout (55P03)", err)
 		}
 		if lock, mark := locksOf(t, pool, key, pid); lock || mark {
 			t.Fatalf("the session holds the lock %v, its mark %v; want neither", lock, mark)
@@ -631,4 +650,98 @@ func TestAdvisoryLockWaiterTakesAnUnclaimedGrantForAGrantInFlight(t *testing.T) 
 	electortest.Eventually(t, 10*time.Second, "the lock waiter on the successor's mark", func() bool {
 		return requests(t, pool, key, pid).markSharedWaiting == 1
 	})
+}
+
+// TestAdvisoryClaimWaitsForALockHeldForAMoment checks that a prepared
+// handover's successor whose claim finds the lease's lock held by another
+// session (a follower whose grant's snapshot came before the release
+// takes it as the release frees it, and lets go once it finds the row
+// reserved) waits for it, and is granted the term that the release wrote;
+// and that one held past beforeLockWait ends the claim's transaction
+// without an error: the successor's Acquire is refused while the other
+// session holds the lock, and granted, still for the transfer, under the
+// term after, once it lets go. The other session waits for the lease's
+// lock before the Commit, so it is granted the lock as the release frees
+// it, before the successor's claim: with a claim that only tried the lock,
+// the first case was granted under the term after (1 bench transfer in
+// 100).
+func TestAdvisoryClaimWaitsForALockHeldForAMoment(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		hold time.Duration
+	}{{"a moment", 20 * time.Millisecond}, {"past the claim's wait", 10 * beforeLockWait}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			pool := pgtest.NewPool(t)
+			a := setupAdvisory(t, pool, Options{})
+			succ := setupAdvisory(t, pool, Options{})
+			alice, bob := candidate("alice"), candidate("bob")
+			const ttl = time.Minute
+			name := "moment"
+			l := mustGrant(t, a, name, alice, ttl)
+			key := a.Key(name)
+			// y queues for the lease's lock, and holds it for c.hold once
+			// it has it.
+			y, err := pool.Acquire(callCtx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			yPID := int32(y.Conn().PgConn().PID())
+			letGo := make(chan error, 1)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			t.Cleanup(func() {
+				cancel()
+				<-letGo // y is no longer in use
+				y.Conn().Close(context.Background())
+				y.Release()
+			})
+			go func() {
+				if _, err := y.Exec(ctx, `SELECT pg_advisory_lock($1::bigint)`, key); err != nil {
+					letGo <- err
+					return
+				}
+				time.Sleep(c.hold)
+				_, err := y.Exec(ctx, `SELECT pg_advisory_unlock($1::bigint)`, key)
+				letGo <- err
+			}()
+			hi, lo := keyHalves(key)
+			electortest.Eventually(t, 10*time.Second, "the other session waiting for the lease's lock", func() bool {
+				var waiting bool
+				err := pool.QueryRow(callCtx(t), `SELECT EXISTS (SELECT FROM pg_locks AS l WHERE l.locktype = 'advisory'
+					AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid AND l.objsubid = 1 AND l.pid = $3 AND NOT l.granted)`,
+					hi, lo, yPID).Scan(&waiting)
+				return err == nil && waiting
+			})
+			done := acquireOnNotice(t, succ, name, bob, ttl)
+			p, err := a.PrepareHandover(callCtx(t), name, alice.Token, l.Term, bob, 10*time.Second)
+			if err != nil {
+				t.Fatalf("PrepareHandover: %v", err)
+			}
+			if p.(*advisoryPrepared).waiter == 0 {
+				t.Fatal("PrepareHandover did not find the successor's session waiting")
+			}
+			if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+				t.Fatalf("Commit: %v", err)
+			}
+			r := await(t, done)
+			if c.hold < beforeLockWait {
+				if r.err != nil || !r.granted || r.lease.Term != l.Term+1 || r.lease.Reason != leader.GrantTransfer {
+					t.Fatalf("the successor's Acquire: %+v granted %v err %v; want granted the release's term %d, for a transfer", r.lease, r.granted, r.err, l.Term+1)
+				}
+				return
+			}
+			if r.err != nil || r.granted {
+				t.Fatalf("the successor's Acquire while the other session holds the lock: %+v granted %v err %v; want refused, without an error", r.lease, r.granted, r.err)
+			}
+			electortest.Eventually(t, 10*time.Second, "the other session letting go of the lease's lock", func() bool {
+				lock, _ := locksOf(t, pool, key, yPID)
+				return !lock
+			})
+			g, granted, err := succ.Acquire(callCtx(t), name, bob, ttl)
+			if err != nil || !granted || g.Term != l.Term+2 || g.Reason != leader.GrantTransfer {
+				t.Fatalf("the successor's next Acquire: %+v granted %v err %v; want granted term %d, for a transfer", g, granted, err, l.Term+2)
+			}
+		})
+	}
 }

@@ -181,8 +181,9 @@ func (p *advisoryPrepared) Abort() {
 // settings. waited reports whether the lease was so granted: false if the
 // lock was not had in time, or the row did not name this session (a
 // holder whose release did not grant it: it reserved the lease, or its
-// session ended; or a candidate took the lock first), when the caller
-// tries as usual, at once.
+// session ended; or another session held the lease's lock for longer than
+// the claim waits for it, beforeLockWait), when the caller tries as usual,
+// at once.
 func (s *AdvisoryStore) grantAfterHandover(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate, ttl time.Duration) (r grantResult, waited bool, err error) {
 	wait := ttl / 4
 	if d, ok := ctx.Deadline(); ok {

@@ -611,7 +611,14 @@ SELECT (SELECT count(*) FROM released), coalesce((SELECT r.granted FROM released
 		// before claimRow, in the same transaction: $1 name, $2 token, $3
 		// key. If its snapshot, taken after the handover's lock, shows the
 		// row naming this token and this backend (releaseGranting granted
-		// it the lease), it tries the lease's lock, and, if it took it,
+		// it the lease), it takes the lease's lock, waiting for it as
+		// long as lock_timeout allows (beforeLockWait: another session
+		// may hold it for a moment as the handover's lock is freed, a
+		// follower whose grant's snapshot came before the release and
+		// which lets go once it finds the row reserved, or a lock waiter
+		// reading the row; tried once, the claim failed then, and the
+		// successor was granted by its own statement under the term after,
+		// about one transfer in a hundred in the bench), and then
 		// the mark, in the same statement (a lock waiter that looked
 		// between the two would take the row's holder for one without its
 		// mark, and wait on the lease's lock itself); it records whether
@@ -619,7 +626,7 @@ SELECT (SELECT count(*) FROM released), coalesce((SELECT r.granted FROM released
 		// claimedMarkSetting.
 		claimLock: fill(`WITH lk AS MATERIALIZED (
 	SELECT CASE WHEN EXISTS (SELECT FROM {t} AS a WHERE a.name = $1 AND a.holder_token = $2 AND a.holder_pid = pg_backend_pid())
-		THEN pg_try_advisory_lock($3::bigint) ELSE false END AS got
+		THEN (SELECT true FROM pg_advisory_lock($3::bigint)) ELSE false END AS got
 ), mk AS MATERIALIZED (
 	SELECT pg_try_advisory_lock(` + markClass + `, pg_backend_pid()) AS ok FROM lk WHERE lk.got
 )

@@ -47,6 +47,13 @@ const (
 	// waitCheckEvery is the client_connection_check_interval of a
 	// successor's waiting statement.
 	waitCheckEvery = 100 * time.Millisecond
+	// beforeLockWait is how long each of a successor's statements before
+	// its last (see waitThenRun) may wait for a lock: an advisory
+	// successor's claim waits for the lease's lock, which another session
+	// may hold for a moment as the handover's lock is freed (a follower
+	// whose grant's snapshot came before the release, and which lets go
+	// once it finds the row reserved, or a lock waiter reading the row).
+	beforeLockWait = 50 * time.Millisecond
 )
 
 // handoverKey returns the second key of the advisory lock of name's
@@ -597,15 +604,16 @@ var errWaitBatch = errors.New("waiting for a prepared handover")
 // statement with a snapshot of its own. While it waits, the server looks
 // every waitCheckEvery whether this client is still there (PostgreSQL 14
 // and later), so that a successor that died meanwhile is not granted the
-// lease; stmt itself waits for row locks as usual.
+// lease; each of before waits for locks for beforeLockWait at most, and
+// stmt itself waits for row locks as usual.
 //
 // ran reports whether the lock was had in time, and stmt ran; errRow is
 // read's error then (an error of one of before is an error of the batch).
 // If the wait ran out (lock_not_available, or a
-// statement_timeout of the role's that came first), nothing after it ran
-// and the transaction is rolled back: ran is false, and err is the
-// ROLLBACK's error, if any. Any other error of the batch wraps
-// errWaitBatch.
+// statement_timeout of the role's that came first), or a lock wait of one
+// of before did, nothing after it ran and the transaction is rolled back:
+// ran is false, and err is the ROLLBACK's error, if any. Any other error
+// of the batch wraps errWaitBatch.
 func waitThenRun(ctx context.Context, conn *pgx.Conn, key int32, wait time.Duration, before []batchStatement, stmt string, args []any, read func(pgx.Row) error) (ran bool, errRow, err error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
@@ -615,19 +623,26 @@ func waitThenRun(ctx context.Context, conn *pgx.Conn, key int32, wait time.Durat
 	pg_advisory_xact_lock_shared($3, $4)`,
 		strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms", strconv.FormatInt(waitCheckEvery.Milliseconds(), 10),
 		int32(handoverClass), key)
-	b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
-	for _, st := range before {
-		b.Queue(st.sql, st.args...)
+	// The statements between the lock's and stmt: lock_timeout set for
+	// before, before, and lock_timeout reset.
+	between := 1
+	if len(before) > 0 {
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(beforeLockWait.Milliseconds(), 10)+"ms")
+		for _, st := range before {
+			b.Queue(st.sql, st.args...)
+		}
+		between += 1 + len(before)
 	}
+	b.Queue(`SELECT set_config('lock_timeout', '0', true)`)
 	b.Queue(stmt, args...)
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	_, errBegin := br.Exec()
 	_, errLock := br.Exec()
-	_, errReset := br.Exec()
-	for range before {
-		if _, err := br.Exec(); err != nil && errReset == nil {
-			errReset = err
+	var errBefore error // the first error between the lock's and stmt
+	for range between {
+		if _, err := br.Exec(); err != nil && errBefore == nil {
+			errBefore = err
 		}
 	}
 	errRow = read(br.QueryRow())
@@ -637,7 +652,8 @@ func waitThenRun(ctx context.Context, conn *pgx.Conn, key int32, wait time.Durat
 	switch {
 	case errBegin != nil:
 		return false, nil, fmt.Errorf("%w: %w", errWaitBatch, errBegin)
-	case errors.As(errLock, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014"):
+	case errors.As(errLock, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014"),
+		errLock == nil && errors.As(errBefore, &pgErr) && pgErr.Code == "55P03":
 		// The server skipped the rest up to the batch's end, and the
 		// transaction is still open: end it, so that the connection can
 		// be used again.
@@ -645,8 +661,8 @@ func waitThenRun(ctx context.Context, conn *pgx.Conn, key int32, wait time.Durat
 		return false, nil, err
 	case errLock != nil:
 		return false, nil, fmt.Errorf("%w: %w", errWaitBatch, errLock)
-	case errReset != nil:
-		return false, nil, fmt.Errorf("%w: %w", errWaitBatch, errReset)
+	case errBefore != nil:
+		return false, nil, fmt.Errorf("%w: %w", errWaitBatch, errBefore)
 	case errRow != nil:
 		return true, errRow, nil
 	case errCommit != nil:
