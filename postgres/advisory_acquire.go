@@ -106,7 +106,7 @@ func (s *AdvisoryStore) Acquire(ctx context.Context, name string, c leader.Candi
 			s.handedOver(name, nil) // the reservation, if any, is over
 		}
 		if announce {
-			s.notifyLater(ss, l.Term, false, 0)
+			s.notifyLater(ss, l.Term, false, grantNoticeDelay)
 		}
 		return l, granted, nil
 	}
