@@ -310,8 +310,10 @@ const (
 	// ran beside the new leader's way from its grant to OnElected, on the
 	// same cores (bench, 3 rounds of 100 advisory transfers, runs
 	// alternating: the gap's p99 3.9 / 4.4 / 6.1 ms at once, 3.0 / 3.2 /
-	// 3.7 a millisecond later). Nobody needs it sooner: the lease is held,
-	// and a reservation it clears refuses the others meanwhile.
+	// 3.7 a millisecond later). Nobody needs it sooner: the lease is held
+	// by then, and the reservation that a claimed handover's announcement
+	// clears (an ordinary grant clears its own) refuses the others
+	// meanwhile.
 	grantNoticeDelay = time.Millisecond
 	grantInFlight    = time.Second
 	// lingerFor is how long after a lock waiter saw a holder's mark

@@ -652,6 +652,37 @@ func TestAdvisoryLockWaiterTakesAnUnclaimedGrantForAGrantInFlight(t *testing.T) 
 	})
 }
 
+// TestAdvisoryUnlockIfHeld checks the clean-up after a claim whose wait
+// ran out: a session that holds the lease's lock (granted as the wait ran
+// out) lets go of it, and one that does not is left as it is.
+func TestAdvisoryUnlockIfHeld(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.NewPool(t)
+	s := setupAdvisory(t, pool, Options{})
+	key := s.Key("held")
+	c, err := pool.Acquire(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	pid := int32(c.Conn().PgConn().PID())
+	if err := s.unlockIfHeld(callCtx(t), c.Conn(), key); err != nil {
+		t.Fatalf("unlockIfHeld on a session holding nothing: %v", err)
+	}
+	if _, err := c.Exec(callCtx(t), `SELECT pg_advisory_lock($1::bigint)`, key); err != nil {
+		t.Fatal(err)
+	}
+	if lock, _ := locksOf(t, pool, key, pid); !lock {
+		t.Fatal("the session does not hold the lock it took")
+	}
+	if err := s.unlockIfHeld(callCtx(t), c.Conn(), key); err != nil {
+		t.Fatalf("unlockIfHeld: %v", err)
+	}
+	if lock, _ := locksOf(t, pool, key, pid); lock {
+		t.Fatal("the session still holds the lock after unlockIfHeld")
+	}
+}
+
 // TestAdvisoryClaimWaitsForALockHeldForAMoment checks that a prepared
 // handover's successor whose claim finds the lease's lock held by another
 // session (a follower whose grant's snapshot came before the release
@@ -670,7 +701,7 @@ func TestAdvisoryClaimWaitsForALockHeldForAMoment(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		hold time.Duration
-	}{{"a moment", 20 * time.Millisecond}, {"past the claim's wait", 10 * beforeLockWait}} {
+	}{{"a moment", 5 * time.Millisecond}, {"past the claim's wait", 40 * beforeLockWait}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			pool := pgtest.NewPool(t)

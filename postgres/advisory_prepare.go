@@ -187,7 +187,8 @@ func (p *advisoryPrepared) Abort() {
 func (s *AdvisoryStore) grantAfterHandover(ctx context.Context, conn *pgx.Conn, ss *session, name string, c leader.Candidate, ttl time.Duration) (r grantResult, waited bool, err error) {
 	wait := ttl / 4
 	if d, ok := ctx.Deadline(); ok {
-		wait = min(wait, time.Until(d)/2)
+		// The claim may wait beforeLockWait more, for the lease's lock.
+		wait = min(wait, time.Until(d)/2-beforeLockWait)
 	}
 	if wait < time.Millisecond {
 		return r, false, nil
@@ -208,10 +209,38 @@ func (s *AdvisoryStore) grantAfterHandover(ctx context.Context, conn *pgx.Conn, 
 		return grantResult{}, false, err
 	case errRow != nil:
 		return grantResult{}, false, errRow
-	case !ran || term == nil || acquiredAt == nil:
+	case !ran:
+		// The wait for the handover's lock, or claimLock's for the
+		// lease's, ran out. A lock granted at the moment its wait ran out
+		// stays granted although the statement fails (see queue), and a
+		// session lock outlives the rolled-back transaction: let go of
+		// the lease's lock if the session holds it (claimLock takes the
+		// mark only after the lock, in a statement that then failed).
+		return grantResult{}, false, s.unlockIfHeld(ctx, conn, ss.key)
+	case term == nil || acquiredAt == nil:
 		return grantResult{}, false, nil
 	}
 	r.got, r.term, r.acquiredAt, r.mine, r.epochOK = true, term, acquiredAt, true, true
 	r, err = s.finishGrant(ctx, conn, ss, name, c, r, nil)
 	return r, true, err
+}
+
+// unlockIfHeld lets go of the lock of key if the session of conn holds
+// it, asking the server which it is. If that fails, whether the session
+// holds it is unknown: the error wraps errSessionReset, and the session
+// is closed, which frees it.
+func (s *AdvisoryStore) unlockIfHeld(ctx context.Context, conn *pgx.Conn, key int64) error {
+	hi, lo := keyHalves(key)
+	var held bool
+	if err := conn.QueryRow(ctx, s.sql.heldHere, hi, lo).Scan(&held); err != nil {
+		return errors.Join(errSessionReset, err)
+	}
+	if !held {
+		return nil
+	}
+	var unlocked bool
+	if err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1::bigint)`, key).Scan(&unlocked); err != nil || !unlocked {
+		return errors.Join(errSessionReset, err)
+	}
+	return nil
 }

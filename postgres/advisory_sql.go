@@ -567,10 +567,12 @@ SELECT (SELECT count(*) FROM released), false`),
 		// the lock, so nobody leads under the new term until it has
 		// taken the lock (see claimRow); if someone else takes the lock
 		// first (one whose snapshot came before the release), its grant
-		// finds the row reserved and lets go, and the successor, finding
-		// the lock taken, tries as usual, granted in its own statement
-		// with the term after it (grantReasonSQL: for the handover's
-		// reason, without TakeoverGrace: the row names it).
+		// finds the row reserved and lets go, and the successor's claim,
+		// which waits for the lock (beforeLockWait at most), takes it
+		// then; a successor that does not get it in time tries as usual,
+		// granted in its own statement with the term after it
+		// (grantReasonSQL: for the handover's reason, without
+		// TakeoverGrace: the row names it).
 		// Where the strategy row does not give the name to the advisory
 		// strategy, or a failover's grace holds grants off (see
 		// epochCTEs, with the row's TTL), it is releaseHandedOver: the

@@ -612,8 +612,10 @@ var errWaitBatch = errors.New("waiting for a prepared handover")
 // If the wait ran out (lock_not_available, or a
 // statement_timeout of the role's that came first), or a lock wait of one
 // of before did, nothing after it ran and the transaction is rolled back:
-// ran is false, and err is the ROLLBACK's error, if any. Any other error
-// of the batch wraps errWaitBatch.
+// ran is false, and err is the ROLLBACK's error, if any (a session lock
+// that one of before was granted as its wait ran out outlives the
+// rollback: the caller checks, see AdvisoryStore.unlockIfHeld). Any other
+// error of the batch wraps errWaitBatch.
 func waitThenRun(ctx context.Context, conn *pgx.Conn, key int32, wait time.Duration, before []batchStatement, stmt string, args []any, read func(pgx.Row) error) (ran bool, errRow, err error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
