@@ -503,16 +503,23 @@ func (s *AdvisoryStore) queue(ctx context.Context, conn *pgx.Conn, key int64) (b
 		// for not granted would leave the session holding the lock
 		// unknown to the store, and the next grant on it would take it a
 		// second time, which its release would not undo.
-		hi, lo := keyHalves(key)
-		var held bool
-		if err := conn.QueryRow(ctx, s.sql.heldHere, hi, lo).Scan(&held); err != nil {
-			return false, errors.Join(errSessionReset, err)
-		}
-		return held, nil
+		return s.holdsLock(ctx, conn, key)
 	default:
 		// Whether the lock was taken is unknown: close the session.
 		return false, errors.Join(errSessionReset, err)
 	}
+}
+
+// holdsLock asks the server whether the session of conn holds the lock of
+// key. If it cannot tell, the error wraps errSessionReset: the session is
+// closed, which frees the lock if it is held.
+func (s *AdvisoryStore) holdsLock(ctx context.Context, conn *pgx.Conn, key int64) (bool, error) {
+	hi, lo := keyHalves(key)
+	var held bool
+	if err := conn.QueryRow(ctx, s.sql.heldHere, hi, lo).Scan(&held); err != nil {
+		return false, errors.Join(errSessionReset, err)
+	}
+	return held, nil
 }
 
 // grantResult is what the grant statement reports.

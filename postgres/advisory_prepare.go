@@ -225,21 +225,21 @@ func (s *AdvisoryStore) grantAfterHandover(ctx context.Context, conn *pgx.Conn, 
 	return r, true, err
 }
 
-// unlockIfHeld lets go of the lock of key if the session of conn holds
-// it, asking the server which it is. If that fails, whether the session
-// holds it is unknown: the error wraps errSessionReset, and the session
-// is closed, which frees it.
+// unlockIfHeld lets go of the lock of key (with the unlock statement, as
+// a grant that took the lock and may not keep it does, see finishGrant) if
+// the session of conn holds it, asking the server which it is. If that
+// fails, whether the session holds it is unknown: the error wraps
+// errSessionReset, and the session is closed, which frees it.
 func (s *AdvisoryStore) unlockIfHeld(ctx context.Context, conn *pgx.Conn, key int64) error {
-	hi, lo := keyHalves(key)
-	var held bool
-	if err := conn.QueryRow(ctx, s.sql.heldHere, hi, lo).Scan(&held); err != nil {
-		return errors.Join(errSessionReset, err)
+	held, err := s.holdsLock(ctx, conn, key)
+	if err != nil || !held {
+		return err
 	}
-	if !held {
-		return nil
-	}
-	var unlocked bool
-	if err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1::bigint)`, key).Scan(&unlocked); err != nil || !unlocked {
+	var (
+		unlocked bool
+		n        int64
+	)
+	if err := conn.QueryRow(ctx, s.sql.unlock, key).Scan(&unlocked, &n); err != nil || !unlocked {
 		return errors.Join(errSessionReset, err)
 	}
 	return nil
