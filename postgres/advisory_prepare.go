@@ -102,102 +102,6 @@ type advisoryPrepared struct {
 	waiter      int32 // the backend PID of the one session that waited, if one alone did
 	mu          sync.Mutex
 	open        bool // neither committed nor aborted
-	// staged is set once Stage has run the release on the session, in a
-	// transaction left open, for stagedReason and stagedHold; guarded by
-	// mu.
-	staged       bool
-	stagedReason leader.GrantReason
-	stagedHold   time.Duration
-}
-
-var _ leader.HandoverStager = (*advisoryPrepared)(nil)
-
-// stageLocks is the second statement of a staged release (see Stage), in
-// its transaction: $1 the lease's key, $2 and $3 the handover lock's two
-// int4 keys. It takes both locks again at transaction level, at once (the
-// session holds them already), so that Commit's unlocks of the session's
-// holds (unlockHandedOver) free neither before its COMMIT. And as
-// idle_session_timeout, which ends a holder whose client went, counts only
-// outside a transaction, it sets idle_in_transaction_session_timeout to
-// the same for this one.
-const stageLocks = `SELECT pg_advisory_xact_lock($1::bigint), pg_advisory_xact_lock($2::int4, $3::int4),
-	set_config('idle_in_transaction_session_timeout', current_setting('idle_session_timeout'), true)`
-
-// Stage implements leader.HandoverStager. When the successor waited (and
-// its session alone), it runs Commit's release statement
-// (releaseGranting, which grants the lease to the successor's waiting
-// session) on the holder's session, in a transaction that it leaves open,
-// and takes the lease's lock and the handover's again at transaction level
-// there (stageLocks): Commit then only unlocks the session's holds and
-// commits, and the successor's statement, which waits for the handover's
-// lock, runs as the COMMIT frees both. Nobody sees the release until
-// then: the lease stays held, by the session and in the row. Renewals
-// are refused meanwhile (errStaged), as is any other call on the
-// session; Abort rolls the transaction back. The release's times (the
-// grant's acquired_at, the reservation's end) are Stage's, not Commit's:
-// the reservation counts from Stage.
-//
-// A handover whose successor did not wait is not staged: Stage does
-// nothing, and Commit releases as ReleaseTo does. If the statements fail,
-// the transaction is rolled back and the handover stays prepared, not
-// staged; if the rollback fails too, the session is closed, freeing the
-// lease. Stage returns an error wrapping leader.ErrLeaseLost if the
-// session does not hold the lease under the term any more.
-func (p *advisoryPrepared) Stage(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
-	if err := checkHandover(p.name, p.term, p.successor, reason, hold); err != nil {
-		return err
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.open || p.staged {
-		return fmt.Errorf("postgres: stage the release of %q term %d to %s: the prepared handover was staged, committed or aborted already", p.name, p.term, p.successor.ID)
-	}
-	if !p.waited || p.waiter == 0 {
-		return nil
-	}
-	s := p.s
-	ctx, cancel := s.opts.bound(ctx)
-	defer cancel()
-	what := fmt.Sprintf("stage the release of %q term %d to %s", p.name, p.term, p.successor.ID)
-	err := p.ss.doStaged(ctx, s, func(conn *pgx.Conn) error {
-		if !p.ss.heldUnder(p.term) {
-			return errNotHeld
-		}
-		b := &pgx.Batch{}
-		b.Queue("BEGIN")
-		b.Queue(s.sql.releaseGranting, p.name, p.token, int64(p.term), p.successor.Token, p.successor.ID, string(reason),
-			int64(interval(hold)/time.Microsecond), p.waiter, int32(p.successor.Priority))
-		b.Queue(stageLocks, p.ss.key, int32(handoverClass), p.key)
-		br := conn.SendBatch(ctx, b)
-		_, errBegin := br.Exec()
-		var (
-			released int64
-			granted  bool
-		)
-		errRelease := br.QueryRow().Scan(&released, &granted)
-		_, errLocks := br.Exec()
-		err := errors.Join(errBegin, errRelease, errLocks, br.Close())
-		if err == nil && released == 1 {
-			p.ss.staged = true
-			return nil
-		}
-		if err == nil {
-			err = errNotHeld // the row no longer names this session
-		}
-		if _, errRollback := conn.Exec(ctx, "ROLLBACK"); errRollback != nil {
-			return errors.Join(errSessionReset, err, errRollback)
-		}
-		return err
-	})
-	switch {
-	case err == nil:
-		p.staged, p.stagedReason, p.stagedHold = true, reason, hold
-		return nil
-	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone), errors.Is(err, errSessionDropped):
-		return fmt.Errorf("postgres: %s: %w: %w", what, leader.ErrLeaseLost, err)
-	default:
-		return wrapError(ctx, what, err)
-	}
 }
 
 // end marks p ended, and reports whether it was open.
@@ -222,25 +126,15 @@ func (p *advisoryPrepared) end() bool {
 // the CPU; Commit then returns that much later. Its release then neither
 // looks for a candidate to name nor removes the holder's own entry among
 // the candidates, which it does after freeing the mark (dropHolder).
-//
-// A staged handover (see Stage) is committed for the reason and hold it
-// was staged for: Commit with others aborts it and returns an error.
 func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
 	if err := checkHandover(p.name, p.term, p.successor, reason, hold); err != nil {
 		p.Abort()
 		return err
 	}
-	p.mu.Lock()
-	staged, mismatch := p.staged, p.staged && (reason != p.stagedReason || hold != p.stagedHold)
-	p.mu.Unlock()
-	if mismatch {
-		p.Abort()
-		return fmt.Errorf("postgres: release %q term %d to %s: committed for reason %q and hold %v, staged for %q and %v", p.name, p.term, p.successor.ID, reason, hold, p.stagedReason, p.stagedHold)
-	}
 	if !p.end() {
 		return fmt.Errorf("postgres: release %q term %d to %s: the prepared handover was committed or aborted already", p.name, p.term, p.successor.ID)
 	}
-	h := &reservation{to: p.successor, reason: reason, hold: hold, staged: staged}
+	h := &reservation{to: p.successor, reason: reason, hold: hold}
 	if p.waited {
 		// The release's pipeline sleeps before it frees the mark, and
 		// the notice follows its reply; the release grants the lease to
@@ -255,11 +149,6 @@ func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason
 // stays with the session until its release or its end (the successor
 // waits for its lock_timeout at most), rather than the session, and the
 // lease with it, being closed.
-//
-// A staged handover's transaction is rolled back first: the row is as it
-// was, and the session keeps the lease's lock (the transaction's own holds
-// go with it). If the rollback fails, the session is closed, freeing the
-// lease.
 func (p *advisoryPrepared) Abort() {
 	if !p.end() {
 		return
@@ -267,20 +156,7 @@ func (p *advisoryPrepared) Abort() {
 	s := p.s
 	ctx, cancel := s.opts.bound(context.Background())
 	defer cancel()
-	p.mu.Lock()
-	staged := p.staged
-	p.mu.Unlock()
-	do := func(fn func(conn *pgx.Conn) error) error { return p.ss.do(ctx, s, false, fn) }
-	if staged {
-		do = func(fn func(conn *pgx.Conn) error) error { return p.ss.doStaged(ctx, s, fn) }
-	}
-	err := do(func(conn *pgx.Conn) error {
-		if staged && p.ss.staged {
-			if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
-				return errors.Join(errSessionReset, err)
-			}
-			p.ss.staged = false
-		}
+	err := p.ss.do(ctx, s, false, func(conn *pgx.Conn) error {
 		var unlocked bool
 		err := conn.QueryRow(ctx, handoverUnlock, int32(handoverClass), p.key).Scan(&unlocked)
 		if err == nil && !unlocked {
