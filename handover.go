@@ -71,6 +71,24 @@ func (e *Elector) prepare(ctx context.Context, ts Transferer, t *tenure, h *hand
 	return t.lctx.Err() == nil
 }
 
+// stage has a prepared handover that is a HandoverStager run its release
+// now, before OnDemoted, best effort: if Stage fails, Commit releases as
+// it would have (or finds the lease lost, and the lease runs out).
+func (e *Elector) stage(ctx context.Context, h *handoff) {
+	hs, ok := h.prepared.(HandoverStager)
+	if !ok {
+		return
+	}
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.RenewInterval)
+	defer cancel()
+	err := hs.Stage(sctx, h.reason, e.reserveFor())
+	e.recordCall("stage_handover", start, err)
+	if err != nil {
+		e.log.Debug("staging the handover's release failed; committing without it", slog.String("successor", h.to.ID), slog.Any("error", err))
+	}
+}
+
 // prepareWait is how long a handover's preparation waits for the
 // successor to wait for the lease (see HandoverPreparer): a quarter of
 // RenewInterval, at most 100 ms. A successor that campaigns answers within

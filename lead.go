@@ -318,6 +318,14 @@ loop:
 	e.cfg.Metrics.StatusChanged(e.cfg.Name, false)
 	e.cfg.Metrics.Lost(e.cfg.Name, reason)
 	e.log.Info("demoted", slog.Uint64("term", term), slog.String("reason", string(reason)))
+	// Not ours to release, or the store refuses writes.
+	releasing := !released && reason != LossExpired && reason != LossError
+	// Staged only when no renewal of the lease is in flight (none starts
+	// now): one would write the lease's row, which a staged release holds
+	// locked until its commit, after that renewal is waited for below.
+	if releasing && handover != nil && handover.prepared != nil && !r.inFlight(t) {
+		e.stage(ctx, handover)
+	}
 	if e.cfg.OnDemoted != nil {
 		e.cfg.OnDemoted()
 	}
@@ -331,8 +339,6 @@ loop:
 		e.log.Error("leader work stopped after the local deadline; another instance may have started before it ended",
 			slog.Uint64("term", term))
 	}
-	// Not ours to release, or the store refuses writes.
-	releasing := !released && reason != LossExpired && reason != LossError
 	// A renewal in flight is let finish before the release: cancelled, it
 	// may cut the store's connection, and the lease with it (the advisory
 	// strategy's session), which turns a handover into a takeover that

@@ -42,8 +42,8 @@ type Metrics interface {
 	// StoreCall is called after each store call: op is "acquire",
 	// "renew", "release" (a handover's too) or "observe", and, on a store
 	// that can hand leases over, "enlist", "withdraw", "candidates",
-	// "request_transfer" or "prepare_handover"; err is the call's error,
-	// if any.
+	// "request_transfer", "prepare_handover" or "stage_handover"; err is
+	// the call's error, if any.
 	StoreCall(name, op string, took time.Duration, err error)
 }
 

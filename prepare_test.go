@@ -3,6 +3,7 @@ package leader_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -116,5 +117,184 @@ func TestElectorPreparesHandovers(t *testing.T) {
 				t.Errorf("%d aborts; want none", n)
 			}
 		})
+	}
+}
+
+// stagingPrepared is a fakePrepared that is a leader.HandoverStager: it
+// records each Stage call (and whether the old leader's OnDemoted had run
+// by then), and fails it with stageErr if set.
+type stagingPrepared struct {
+	*fakePrepared
+	stageErr error
+	staged   chan stageCall // capacity 1
+	demoted  *atomic.Bool
+}
+
+type stageCall struct {
+	reason       leader.GrantReason
+	hold         time.Duration
+	afterDemoted bool
+}
+
+func (p *stagingPrepared) Stage(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
+	p.staged <- stageCall{reason, hold, p.demoted.Load()}
+	return p.stageErr
+}
+
+// TestElectorStagesAPreparedHandover checks that the Elector stages a
+// prepared handover that is a HandoverStager before the old leader's
+// OnDemoted, for the transfer's reason and one RenewInterval's
+// reservation, and commits it afterwards; and that a Stage that fails
+// leaves the handover to Commit as usual.
+func TestElectorStagesAPreparedHandover(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name     string
+		stageErr error
+	}{
+		{"staged, then committed", nil},
+		{"a failed Stage leaves the handover to Commit", errors.New("connection reset")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			store := &stagingStore{preparingStore: preparingStore{MemStore: leadertest.NewMemStore()}, stageErr: c.stageErr, staged: make(chan stageCall, 1)}
+			var aDemoted atomic.Bool
+			store.demoted = &aDemoted
+			a, b := testConfig("stage", "a"), testConfig("stage", "b")
+			a.OnDemoted = func() { aDemoted.Store(true) }
+			ea, err := leader.New(store, a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runElector(t, ea)
+			eventually(t, 10*time.Second, "a leading", func() bool { return ea.Status().IsLeader })
+			eb, err := leader.New(store, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runElector(t, eb)
+			eventually(t, 10*time.Second, "b enlisted", func() bool {
+				cands, err := store.Candidates(t.Context(), "stage")
+				return err == nil && len(cands) >= 1
+			})
+			term := ea.Status().Term
+			l, err := ea.Transfer(callCtx(t), "b")
+			if err != nil {
+				t.Fatalf("Transfer: %v", err)
+			}
+			if l.HolderID != "b" || l.Term != term+1 {
+				t.Fatalf("Transfer returned %+v; want b leading with term %d", l, term+1)
+			}
+			select {
+			case sc := <-store.staged:
+				want := stageCall{reason: leader.GrantTransfer, hold: ea.Config().RenewInterval}
+				if sc != want {
+					t.Errorf("Stage(%+v); want %+v, before a's OnDemoted", sc, want)
+				}
+			default:
+				t.Fatal("the prepared handover was not staged")
+			}
+			if n := store.commits.Load(); n != 1 {
+				t.Errorf("%d commits; want 1", n)
+			}
+			if n := store.plain.Load(); n != 0 {
+				t.Errorf("%d handovers with ReleaseTo; want none", n)
+			}
+		})
+	}
+}
+
+// stagingStore is a preparingStore whose prepared handovers are
+// stagingPrepared.
+type stagingStore struct {
+	preparingStore
+	stageErr error
+	staged   chan stageCall
+	demoted  *atomic.Bool
+}
+
+func (s *stagingStore) PrepareHandover(ctx context.Context, name, token string, term uint64, successor leader.Candidate, wait time.Duration) (leader.PreparedHandover, error) {
+	p, err := s.preparingStore.PrepareHandover(ctx, name, token, term, successor, wait)
+	if err != nil {
+		return nil, err
+	}
+	return &stagingPrepared{fakePrepared: p.(*fakePrepared), stageErr: s.stageErr, staged: s.staged, demoted: s.demoted}, nil
+}
+
+// heldRenewalStore is a stagingStore whose RenewBatch, once armed, blocks
+// until released: a renewal in flight.
+type heldRenewalStore struct {
+	*stagingStore
+	armed    atomic.Bool
+	renewing chan struct{} // closed as the armed renewal begins
+	hold     chan struct{} // closed to let it go on
+}
+
+func (s *heldRenewalStore) RenewBatch(ctx context.Context, batch []leader.Renewal) {
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.renewing)
+		select {
+		case <-s.hold:
+		case <-ctx.Done():
+		}
+	}
+	s.stagingStore.RenewBatch(ctx, batch)
+}
+
+// TestElectorStagesNothingWhileARenewalIsInFlight checks that a prepared
+// handover is not staged while a renewal of the lease is in flight (a
+// renewal may write the lease's row, which a staged release holds locked
+// until its commit, after the renewal is waited for): Commit releases it
+// as an unstaged handover.
+func TestElectorStagesNothingWhileARenewalIsInFlight(t *testing.T) {
+	t.Parallel()
+	store := &heldRenewalStore{
+		stagingStore: &stagingStore{preparingStore: preparingStore{MemStore: leadertest.NewMemStore()}, staged: make(chan stageCall, 1)},
+		renewing:     make(chan struct{}), hold: make(chan struct{}),
+	}
+	var aDemoted atomic.Bool
+	store.demoted = &aDemoted
+	var letGo sync.Once
+	a, b := testConfig("inflight", "a"), testConfig("inflight", "b")
+	a.OnDemoted = func() {
+		aDemoted.Store(true)
+		letGo.Do(func() { close(store.hold) }) // the renewal ends after the step-down
+	}
+	ea, err := leader.New(store, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runElector(t, ea)
+	eventually(t, 10*time.Second, "a leading", func() bool { return ea.Status().IsLeader })
+	eb, err := leader.New(store, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runElector(t, eb)
+	eventually(t, 10*time.Second, "b enlisted", func() bool {
+		cands, err := store.Candidates(t.Context(), "inflight")
+		return err == nil && len(cands) >= 1
+	})
+	store.armed.Store(true)
+	select {
+	case <-store.renewing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal began")
+	}
+	term := ea.Status().Term
+	l, err := ea.Transfer(callCtx(t), "b")
+	if err != nil {
+		t.Fatalf("Transfer: %v", err)
+	}
+	if l.HolderID != "b" || l.Term != term+1 {
+		t.Fatalf("Transfer returned %+v; want b leading with term %d", l, term+1)
+	}
+	select {
+	case sc := <-store.staged:
+		t.Fatalf("Stage(%+v) while a renewal of the lease was in flight", sc)
+	default:
+	}
+	if n := store.commits.Load(); n != 1 {
+		t.Errorf("%d commits; want 1", n)
 	}
 }

@@ -146,6 +146,14 @@ func (r *renewer) finish(t *tenure, wait time.Duration) {
 	}
 }
 
+// inFlight reports whether a renewal of t's lease was sent and has not
+// settled (finish has not been called for it).
+func (r *renewer) inFlight(t *tenure) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return t.settled != nil
+}
+
 // run renews the members' leases as they fall due, until none is left.
 func (r *renewer) run() {
 	timer := time.NewTimer(time.Hour)
@@ -211,6 +219,24 @@ func (r *renewer) send(due []*tenure) {
 	// The batch's memory is reused from round to round (RenewBatch keeps
 	// none of it): a process with many names would otherwise allocate
 	// megabytes a round, and the collections that follow slow rounds down.
+	// Only members: one dropped since due() picked it is not renewed
+	// (see drop).
+	settled := make(chan struct{})
+	defer close(settled)
+	r.mu.Lock()
+	kept := due[:0]
+	for _, t := range due {
+		if _, member := r.members[t]; member {
+			t.settled = settled
+			kept = append(kept, t)
+		}
+	}
+	due = kept
+	r.inBatch = len(due)
+	r.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
 	if cap(r.buf) < len(due) {
 		r.buf = make([]Renewal, len(due))
 	}
@@ -225,13 +251,11 @@ func (r *renewer) send(due []*tenure) {
 	}
 	ctx, cancel := context.WithDeadline(r.base, stopAt)
 	defer cancel()
-	settled := make(chan struct{})
-	defer close(settled)
 	r.mu.Lock()
-	for _, t := range due {
-		t.settled = settled
+	r.cancelBatch = cancel
+	if r.inBatch == 0 { // every tenure of the batch left it already
+		cancel()
 	}
-	r.cancelBatch, r.inBatch = cancel, len(due)
 	r.mu.Unlock()
 
 	sent := time.Now()

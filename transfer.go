@@ -170,6 +170,30 @@ type PreparedHandover interface {
 	Abort()
 }
 
+// HandoverStager is implemented by a PreparedHandover that can run its
+// release ahead of Commit. The Elector stages a prepared handover once
+// its leadership has ended and before OnDemoted runs, so that the
+// release's work leaves the leaderless gap between the old leader's
+// OnDemoted and the successor's OnElected: Commit then only makes the
+// staged release visible. The PostgreSQL advisory store implements it.
+type HandoverStager interface {
+	// Stage runs the release that Commit would make for reason and hold,
+	// without making it visible: the lease stays held, nobody sees it
+	// released, and the successor waits on as before. Renewals fail from
+	// then on (the leadership has ended). Commit, with the same reason
+	// and hold, then makes it visible; Abort undoes it. A store may
+	// decline to stage (Stage returns nil, and Commit releases as it
+	// would have); it must, when staging would hold up the old term's
+	// own writes (fenced writes, which OnDemoted may wait for) until
+	// Commit. Stage ends by ctx's deadline without ending the lease: the
+	// lease stays held until Commit or Abort, since OnDemoted has not run
+	// yet. If Stage fails, the handover is as it was before the call
+	// (prepared, not staged), or, if the store cannot tell, the lease is
+	// lost: Commit then returns an error wrapping ErrLeaseLost. Stage is
+	// called at most once, before Commit or Abort.
+	Stage(ctx context.Context, reason GrantReason, hold time.Duration) error
+}
+
 // EnlistFactor is how many TTLs a candidate's entry among a name's
 // candidates lasts when a Transferer's Acquire enlists it (see
 // Transferer), and when the Elector enlists: an entry outlives two missed

@@ -358,6 +358,19 @@ type tracedHandover struct {
 	to string
 }
 
+// Stage passes on to the prepared handover's Stage, if it has one (see
+// leader.HandoverStager), tracing it.
+func (h *tracedHandover) Stage(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
+	hs, ok := h.PreparedHandover.(leader.HandoverStager)
+	if !ok {
+		return nil
+	}
+	tracef("stage %s start", h.to)
+	err := hs.Stage(ctx, reason, hold)
+	tracef("stage end err=%v", err)
+	return err
+}
+
 func (h *tracedHandover) Commit(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
 	tracef("release-to %s start", h.to)
 	err := h.PreparedHandover.Commit(ctx, reason, hold)

@@ -233,6 +233,9 @@ type AdvisoryStore struct {
 	sql    advisoryStatements
 	wakeups
 	candidates
+	// fenceOrdersStaged: whether the fence function lets releases be
+	// staged (see stagedFence).
+	fenceOrdersStaged stagedFence
 
 	smu      sync.Mutex
 	sessions map[sessionKey]*session

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -102,6 +103,215 @@ type advisoryPrepared struct {
 	waiter      int32 // the backend PID of the one session that waited, if one alone did
 	mu          sync.Mutex
 	open        bool // neither committed nor aborted
+	// staged is set once Stage has run the release on the session, in a
+	// transaction left open, for stagedReason and stagedHold, at
+	// stagedAt; guarded by mu.
+	staged       bool
+	stagedReason leader.GrantReason
+	stagedHold   time.Duration
+	stagedAt     time.Time
+}
+
+var _ leader.HandoverStager = (*advisoryPrepared)(nil)
+
+// Timing of staged releases.
+const (
+	// stageLockWait is the lock_timeout of a staged release's statement:
+	// a fenced transaction that holds the lease row FOR SHARE (it began
+	// before the staging) is not waited for; the release is then
+	// committed unstaged, after OnDemoted.
+	stageLockWait = 10 * time.Millisecond
+	// stageTimeout is the statement_timeout of a staged release's
+	// statements when Stage's context has no deadline.
+	stageTimeout = time.Second
+)
+
+// stageSettings is the first statement of a staged release's
+// transaction (see Stage): $1 its lock_timeout, $2 its statement_timeout.
+const stageSettings = `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)`
+
+// stageLocks is the third statement of a staged release (see Stage), in
+// its transaction, after the release: $1 the lease's key, $2 and $3 the
+// handover lock's two int4 keys, $4 the name's staged key. It takes the
+// lease's lock and the handover's again at transaction level, at once (the
+// session holds them already), so that Commit's unlocks of the session's
+// holds (stagedUnlock) free neither before its COMMIT; and it tries the
+// name's staged lock, which a fenced transaction that began before holds
+// in shared mode (see stagedKeyPrefix): it returns whether it took it,
+// and if not, Stage rolls back. As idle_session_timeout, which ends a
+// holder whose client went, counts only outside a transaction, it sets
+// idle_in_transaction_session_timeout to the same for this one; and it
+// lifts the transaction's lock_timeout and statement_timeout, so that
+// the commit waits for the fenced transactions that hold the name's fence
+// lock (as long as Commit's context allows).
+const stageLocks = `SELECT pg_advisory_xact_lock($1::bigint), pg_advisory_xact_lock($2::int4, $3::int4),
+	set_config('idle_in_transaction_session_timeout', current_setting('idle_session_timeout'), true),
+	set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true),
+	pg_try_advisory_xact_lock($4::bigint)`
+
+// stagedUnlock is the first statement of a staged release's commit (see
+// commitStagedOn): $1 the lease's key, $2 and $3 the handover lock's two
+// int4 keys, $4 the name's fence key. It takes the name's fence lock,
+// waiting for every fenced transaction that judged the row while the
+// release was staged (see stagedKeyPrefix), and then unlocks the
+// session's holds of the lease's lock and the handover's, in this order
+// (the transaction's own holds keep both until the COMMIT); it returns
+// whether it unlocked the lease's lock, and 1.
+const stagedUnlock = `WITH fence AS MATERIALIZED (
+	SELECT pg_advisory_xact_lock($4::bigint)
+), lease AS MATERIALIZED (
+	SELECT pg_advisory_unlock($1::bigint) AS ok FROM fence
+), handover AS MATERIALIZED (
+	SELECT pg_advisory_unlock($2::int4, $3::int4) FROM lease
+)
+SELECT (SELECT ok FROM lease), (SELECT count(*) FROM handover)`
+
+// Stage implements leader.HandoverStager. When the successor waited (and
+// its session alone), it runs Commit's release statement
+// (releaseGranting, which grants the lease to the successor's waiting
+// session) on the holder's session, in a transaction that it leaves open,
+// takes the lease's lock and the handover's again at transaction level
+// there, and the name's staged lock (stageLocks): Commit then only takes
+// the name's fence lock, unlocks the session's holds and commits, and the
+// successor's statement, which waits for the handover's lock, runs as the
+// COMMIT frees both. Nobody sees the release until then: the lease stays
+// held, by the session and in the row. Renewals are refused meanwhile
+// (errStaged), as is any other call on the session; Abort rolls the
+// transaction back. A fenced transaction of the name (see Fence) neither
+// waits for the staged release nor is overtaken by it: the release's
+// commit waits for it (see "Staged handovers" in the package
+// documentation).
+//
+// The release's times (the grant's acquired_at, the reservation's end)
+// are Stage's: a Commit later than half of hold after Stage rolls the
+// staged release back and releases as an unstaged Commit does, so that
+// the reservation still has half of hold to run.
+//
+// A handover is not staged, and Stage does nothing (Commit releases as
+// ReleaseTo does), when its successor did not wait, when the lease row
+// is locked by a fenced transaction (stageLockWait), when a fenced
+// transaction holds the name's staged lock, or when the schema's fence
+// function is one from before staged releases (run Migrate). Its
+// statements are bounded on the server by ctx's deadline
+// (statement_timeout; stageTimeout without one), not by closing the
+// session, which would free the lease before OnDemoted has returned; the
+// session is closed only if the server does not answer within the
+// store's CallTimeout. If the statements fail, the transaction is rolled
+// back and the handover stays prepared, not staged; if the rollback fails
+// too, the session is closed, freeing the lease. Stage returns an error
+// wrapping leader.ErrLeaseLost if the session does not hold the lease
+// under the term any more.
+func (p *advisoryPrepared) Stage(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
+	if err := checkHandover(p.name, p.term, p.successor, reason, hold); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil // the caller gave up: nothing staged
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.open || p.staged {
+		return fmt.Errorf("postgres: stage the release of %q term %d to %s: the prepared handover was staged, committed or aborted already", p.name, p.term, p.successor.ID)
+	}
+	if !p.waited || p.waiter == 0 {
+		return p.notStaged("the successor did not wait, or more than one session did")
+	}
+	s := p.s
+	statementTimeout := stageTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		statementTimeout = time.Until(dl)
+	}
+	if statementTimeout < time.Millisecond {
+		return p.notStaged("no time left")
+	}
+	ctx, cancel := s.opts.bound(context.WithoutCancel(ctx))
+	defer cancel()
+	what := fmt.Sprintf("stage the release of %q term %d to %s", p.name, p.term, p.successor.ID)
+	if !s.fenceOrdersStaged.ok(ctx, s.pool, s.opts) {
+		return p.notStaged("the schema's fence function is older than staged releases: run Migrate")
+	}
+	var staged bool
+	err := p.ss.doStaged(ctx, s, func(conn *pgx.Conn) error {
+		if !p.ss.heldUnder(p.term) {
+			return errNotHeld
+		}
+		// Commit's statements, prepared now (a round trip the first time
+		// on the session), are neither parsed nor planned in the gap.
+		if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+			for _, sql := range []string{stagedUnlock, s.sql.unlockRest, s.sql.dropHolder} {
+				if _, err := conn.Prepare(ctx, sql, sql); err != nil {
+					return err
+				}
+			}
+		}
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(stageSettings, strconv.FormatInt(stageLockWait.Milliseconds(), 10), strconv.FormatInt(max(statementTimeout.Milliseconds(), 1), 10))
+		b.Queue(s.sql.releaseGranting, p.name, p.token, int64(p.term), p.successor.Token, p.successor.ID, string(reason),
+			int64(interval(hold)/time.Microsecond), p.waiter, int32(p.successor.Priority))
+		b.Queue(stageLocks, p.ss.key, int32(handoverClass), p.key, s.opts.stagedKey(p.name))
+		br := conn.SendBatch(ctx, b)
+		_, errBegin := br.Exec()
+		_, errSettings := br.Exec()
+		var (
+			released int64
+			granted  bool
+			locked   bool
+			ignored  [5]any
+		)
+		errRelease := br.QueryRow().Scan(&released, &granted)
+		errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4], &locked)
+		err := errors.Join(errBegin, errSettings, errRelease, errLocks, br.Close())
+		if err == nil && released == 1 && locked {
+			p.ss.staged, p.ss.stagedBy, staged = true, p, true
+			return nil
+		}
+		if err == nil && released != 1 {
+			err = errNotHeld // the row no longer names this session
+		}
+		if _, errRollback := conn.Exec(ctx, "ROLLBACK"); errRollback != nil {
+			return errors.Join(errSessionReset, err, errRollback)
+		}
+		if isLockTimeout(err) {
+			err = nil // a fenced transaction locks the row: not staged
+		}
+		if err == nil {
+			p.notStaged("a fenced transaction locks the lease row, or holds the name's staged lock")
+		}
+		return err
+	})
+	switch {
+	case err == nil:
+		if staged {
+			p.staged, p.stagedReason, p.stagedHold, p.stagedAt = true, reason, hold, time.Now()
+		}
+		return nil
+	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone), errors.Is(err, errSessionDropped):
+		return fmt.Errorf("postgres: %s: %w: %w", what, leader.ErrLeaseLost, err)
+	default:
+		return wrapError(ctx, what, err)
+	}
+}
+
+// notStaged logs why p's release was not staged, and returns nil: Commit
+// releases as if Stage had not been called.
+func (p *advisoryPrepared) notStaged(why string) error {
+	p.s.opts.Logger.Debug("a prepared handover's release is not staged; it is made at the commit",
+		slog.String("name", p.name), slog.String("why", why))
+	return nil
+}
+
+// stale reports whether a staged release, committed now, would leave its
+// reservation less than half of its hold (see Stage); guarded by p.mu.
+func (p *advisoryPrepared) stale() bool {
+	return p.staged && time.Since(p.stagedAt) > p.stagedHold/2
+}
+
+// ended reports whether p's Commit or Abort has begun.
+func (p *advisoryPrepared) ended() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !p.open
 }
 
 // end marks p ended, and reports whether it was open.
@@ -126,15 +336,36 @@ func (p *advisoryPrepared) end() bool {
 // the CPU; Commit then returns that much later. Its release then neither
 // looks for a candidate to name nor removes the holder's own entry among
 // the candidates, which it does after freeing the mark (dropHolder).
+//
+// A staged handover (see Stage) is committed for the reason and hold it
+// was staged for: Commit with others aborts it and returns an error.
 func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
 	if err := checkHandover(p.name, p.term, p.successor, reason, hold); err != nil {
 		p.Abort()
 		return err
 	}
+	p.mu.Lock()
+	staged, stale, mismatch := p.staged, p.stale(), p.staged && (reason != p.stagedReason || hold != p.stagedHold)
+	p.mu.Unlock()
+	if mismatch {
+		p.Abort()
+		return fmt.Errorf("postgres: release %q term %d to %s: committed for reason %q and hold %v, staged for %q and %v", p.name, p.term, p.successor.ID, reason, hold, p.stagedReason, p.stagedHold)
+	}
 	if !p.end() {
 		return fmt.Errorf("postgres: release %q term %d to %s: the prepared handover was committed or aborted already", p.name, p.term, p.successor.ID)
 	}
-	h := &reservation{to: p.successor, reason: reason, hold: hold}
+	if stale {
+		// Committed now, the staged release would leave its reservation
+		// less than half of its hold: release as if unstaged instead.
+		if err := p.unstage(ctx); err != nil {
+			return fmt.Errorf("postgres: release %q term %d to %s: rolling back its staged release: %w: %w", p.name, p.term, p.successor.ID, leader.ErrLeaseLost, err)
+		}
+		staged = false
+	}
+	h := &reservation{to: p.successor, reason: reason, hold: hold, staged: staged}
+	if staged {
+		h.session = p.ss
+	}
 	if p.waited {
 		// The release's pipeline sleeps before it frees the mark, and
 		// the notice follows its reply; the release grants the lease to
@@ -149,6 +380,11 @@ func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason
 // stays with the session until its release or its end (the successor
 // waits for its lock_timeout at most), rather than the session, and the
 // lease with it, being closed.
+//
+// A staged handover's transaction is rolled back first: the row is as it
+// was, and the session keeps the lease's lock (the transaction's own holds
+// go with it). If the rollback fails, the session is closed, freeing the
+// lease.
 func (p *advisoryPrepared) Abort() {
 	if !p.end() {
 		return
@@ -156,7 +392,17 @@ func (p *advisoryPrepared) Abort() {
 	s := p.s
 	ctx, cancel := s.opts.bound(context.Background())
 	defer cancel()
-	err := p.ss.do(ctx, s, false, func(conn *pgx.Conn) error {
+	p.mu.Lock()
+	staged := p.staged
+	p.mu.Unlock()
+	do := func(fn func(conn *pgx.Conn) error) error { return p.ss.do(ctx, s, false, fn) }
+	if staged {
+		do = func(fn func(conn *pgx.Conn) error) error { return p.ss.doStaged(ctx, s, fn) }
+	}
+	err := do(func(conn *pgx.Conn) error {
+		if err := p.rollBackOn(ctx, conn); err != nil {
+			return err
+		}
 		var unlocked bool
 		err := conn.QueryRow(ctx, handoverUnlock, int32(handoverClass), p.key).Scan(&unlocked)
 		if err == nil && !unlocked {
@@ -168,6 +414,30 @@ func (p *advisoryPrepared) Abort() {
 		s.opts.Logger.Debug("aborting a prepared handover failed; its successor waits until its lock_timeout",
 			slog.String("name", p.name), slog.Any("error", err))
 	}
+}
+
+// unstage rolls back p's staged release, on the session (see rollBackOn).
+func (p *advisoryPrepared) unstage(ctx context.Context) error {
+	ctx, cancel := p.s.opts.bound(ctx)
+	defer cancel()
+	return p.ss.doStaged(ctx, p.s, func(conn *pgx.Conn) error { return p.rollBackOn(ctx, conn) })
+}
+
+// rollBackOn rolls back p's release if it is staged on conn, p.ss's
+// connection (the caller holds the session's turn): the row is as it was,
+// and the session keeps the lease's lock and the handover's (the
+// transaction's own holds go with it). If the rollback fails, it returns
+// an error wrapping errSessionReset: the session is closed, freeing the
+// lease.
+func (p *advisoryPrepared) rollBackOn(ctx context.Context, conn *pgx.Conn) error {
+	if !p.ss.staged || p.ss.stagedBy != p {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		return errors.Join(errSessionReset, err)
+	}
+	p.ss.staged, p.ss.stagedBy = false, nil
+	return nil
 }
 
 // grantAfterHandover is the first grant attempt of a successor whose

@@ -52,6 +52,15 @@ type reservation struct {
 	// successor's session, which waits for a prepared handover: the
 	// release grants it the lease (see advisoryStatements.releaseGranting).
 	grantTo int32
+	// staged, with markAfter and grantTo, says that the release ran
+	// already, in the session's open transaction (see
+	// advisoryPrepared.Stage): the release unlocks and commits it (see
+	// commitStagedOn).
+	staged bool
+	// session is the session on which the release is staged, if staged
+	// is set: its Commit uses it whatever the session's state, so as
+	// never to leave it staged.
+	session *session
 }
 
 // release frees the lease of name held by token under term on its
@@ -68,15 +77,40 @@ func (s *AdvisoryStore) release(ctx context.Context, name, token string, term ui
 	if h != nil {
 		lost = fmt.Errorf("postgres: %s %q term %d to %s: %w", op, name, term, h.to.ID, leader.ErrLeaseLost)
 	}
+	staged := h != nil && h.staged
 	ss := s.heldSession(name, token, term)
+	if staged {
+		ss = h.session
+	}
 	if ss == nil {
 		return lost
 	}
-	err := ss.do(ctx, s, false, func(conn *pgx.Conn) error {
+	do := func(fn func(conn *pgx.Conn) error) error { return ss.do(ctx, s, false, fn) }
+	if staged {
+		do = func(fn func(conn *pgx.Conn) error) error { return ss.doStaged(ctx, s, fn) }
+	}
+	err := do(func(conn *pgx.Conn) error {
+		if staged && (!ss.staged || !ss.heldUnder(term)) {
+			// The staged transaction is gone, or the lease with it:
+			// close the session, which ends whatever is left.
+			return errors.Join(errSessionReset, errNotHeld)
+		}
 		if !ss.heldUnder(term) {
 			return errNotHeld
 		}
-		released, unlocked, err := s.releaseOn(ctx, conn, name, token, term, ss.key, h)
+		var (
+			released, unlocked bool
+			err                error
+		)
+		if staged {
+			released = true // by Stage
+			unlocked, err = s.commitStagedOn(ctx, conn, name, token, term, ss.key, h)
+			if err == nil {
+				ss.staged, ss.stagedBy = false, nil
+			}
+		} else {
+			released, unlocked, err = s.releaseOn(ctx, conn, name, token, term, ss.key, h)
+		}
 		switch {
 		case err != nil:
 			// Whether the row was released and the lock freed is unknown:
@@ -228,19 +262,7 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 			_, err5 = pipelineRow(p)
 		}
 		if err := errors.Join(err3, err4, err5, p.Close()); err != nil {
-			s.log.Debug("freeing a released lease's mark, or removing the holder's entry among the candidates, failed; the session is closed, which frees the mark",
-				slog.String("election", name), slog.Any("error", err))
-			closeConn(conn)
-			// The session's own notice (see notifyLater) will find it
-			// closed: send it on the store's connections, best effort
-			// (it checks the row itself).
-			nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), listenCallTimeout)
-			_, err := s.pool.Exec(nctx, s.sql.releaseNotice, name, int64(term), s.opts.Channel)
-			cancel()
-			if err != nil {
-				s.log.Debug("the release's notice failed; followers without a lock waiter learn of it later",
-					slog.String("election", name), slog.Any("error", err))
-			}
+			s.afterReleaseFailed(ctx, conn, name, term, err)
 		}
 	} else if err := p.Close(); err != nil {
 		return false, false, err
@@ -249,6 +271,100 @@ func (s *AdvisoryStore) releaseOn(ctx context.Context, conn *pgx.Conn, name, tok
 		return false, false, errors.New("release: a statement returned no value")
 	}
 	return string(first[0]) == "1", string(second[0]) == "t", nil
+}
+
+// afterReleaseFailed ends a release whose statements after the release
+// and the unlock (the mark's unlock, the removal of the holder's entry
+// among the candidates) failed with err: only the session is in doubt, so
+// it is closed, which frees the mark; and as the session's own notice
+// (see notifyLater) will find it closed, the release's notice is sent on
+// the store's connections, best effort (it checks the row itself).
+func (s *AdvisoryStore) afterReleaseFailed(ctx context.Context, conn *pgx.Conn, name string, term uint64, err error) {
+	s.log.Debug("freeing a released lease's mark, or removing the holder's entry among the candidates, failed; the session is closed, which frees the mark",
+		slog.String("election", name), slog.Any("error", err))
+	closeConn(conn)
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), listenCallTimeout)
+	defer cancel()
+	if _, err := s.pool.Exec(nctx, s.sql.releaseNotice, name, int64(term), s.opts.Channel); err != nil {
+		s.log.Debug("the release's notice failed; followers without a lock waiter learn of it later",
+			slog.String("election", name), slog.Any("error", err))
+	}
+}
+
+// commitStagedOn commits the release that advisoryPrepared.Stage ran in
+// the session's open transaction, in one round trip: it takes the name's
+// fence lock, waiting for the fenced transactions that judged the row
+// while the release was staged, unlocks the session's holds of the
+// lease's lock and the handover's (stagedUnlock; the transaction's own
+// holds keep both until the COMMIT, which frees them once the release is
+// visible), commits, and then,
+// as releaseOn does for a prepared handover, frees the session's other
+// locks (the mark among them) h.markAfter later and removes the holder's
+// own entry among the candidates. It reports whether the session held the
+// lease's lock. An error before the COMMIT's answer leaves the session in
+// doubt (the caller closes it); one after it, only the mark's unlock or
+// the removal, closes the session here (see afterReleaseFailed).
+func (s *AdvisoryStore) commitStagedOn(ctx context.Context, conn *pgx.Conn, name, token string, term uint64, key int64, h *reservation) (unlocked bool, err error) {
+	var unlock, rest, drop *pgconn.StatementDescription
+	errUnlock, errRest, errDrop := errors.ErrUnsupported, errors.ErrUnsupported, errors.ErrUnsupported
+	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		unlock, errUnlock = conn.Prepare(ctx, stagedUnlock, stagedUnlock)
+		rest, errRest = conn.Prepare(ctx, s.sql.unlockRest, s.sql.unlockRest)
+		drop, errDrop = conn.Prepare(ctx, s.sql.dropHolder, s.sql.dropHolder)
+	}
+	p := conn.PgConn().StartPipeline(ctx)
+	sendPrepared(p, stagedUnlock, unlock, errUnlock,
+		[][]byte{strconv.AppendInt(nil, key, 10), strconv.AppendInt(nil, handoverClass, 10), strconv.AppendInt(nil, int64(s.handoverKey(name)), 10),
+			strconv.AppendInt(nil, s.opts.fenceKey(name), 10)})
+	p.SendQueryParams("COMMIT", nil, nil, nil, nil)
+	p.SendPipelineSync()
+	p.SendQueryParams(`SELECT pg_sleep($1::float8)`, [][]byte{[]byte(strconv.FormatFloat(h.markAfter.Seconds(), 'f', -1, 64))}, nil, nil, nil)
+	p.SendPipelineSync()
+	sendPrepared(p, s.sql.unlockRest, rest, errRest, nil)
+	sendPrepared(p, s.sql.dropHolder, drop, errDrop, [][]byte{[]byte(name), []byte(token)})
+	if err := p.Flush(); err != nil {
+		return false, errors.Join(err, p.Close())
+	}
+	first, err1 := pipelineRow(p)
+	tag, err2 := pipelineTag(p)
+	if err := errors.Join(err1, err2); err != nil {
+		return false, errors.Join(err, p.Close())
+	}
+	if tag.String() != "COMMIT" {
+		return false, errors.Join(fmt.Errorf("the staged release's transaction ended with %q, not COMMIT", tag.String()), p.Close())
+	}
+	if len(first) < 1 {
+		return false, errors.Join(errors.New("release: a statement returned no value"), p.Close())
+	}
+	_, err3 := pipelineRow(p)
+	_, err4 := pipelineRow(p)
+	_, err5 := pipelineRow(p)
+	if err := errors.Join(err3, err4, err5, p.Close()); err != nil {
+		s.afterReleaseFailed(ctx, conn, name, term, err)
+	}
+	return string(first[0]) == "t", nil
+}
+
+// pipelineTag reads the next statement's result and the sync after it
+// from p, and returns the statement's command tag.
+func pipelineTag(p *pgconn.Pipeline) (pgconn.CommandTag, error) {
+	var tag pgconn.CommandTag
+	for {
+		res, err := p.GetResults()
+		if err != nil {
+			return tag, err
+		}
+		switch r := res.(type) {
+		case *pgconn.ResultReader:
+			if tag, err = r.Close(); err != nil {
+				return tag, err
+			}
+		case *pgconn.PipelineSync:
+			return tag, nil
+		case nil:
+			return tag, errors.New("release: the pipeline ended early")
+		}
+	}
 }
 
 // sendPrepared queues, on p, the statement sql with args, by the

@@ -21,6 +21,10 @@ var (
 	// errSessionGone means the session was closed for good (reaped or the
 	// store closed) while the call waited for it.
 	errSessionGone = errors.New("session closed while waiting for it")
+	// errStaged refuses a call on a session on which a handover's release
+	// is staged (see advisoryPrepared.Stage): only its Commit or Abort
+	// may use the session until then.
+	errStaged = errors.New("a handover's release is staged on this session")
 )
 
 type sessionKey struct{ name, token string }
@@ -43,6 +47,13 @@ type session struct {
 	readerDone chan struct{}
 
 	gone bool // closed for good; owned by whoever holds turn
+	// staged is set while a handover's release is staged on conn, in a
+	// transaction left open (see advisoryPrepared.Stage); owned by
+	// whoever holds turn.
+	staged bool
+	// stagedBy is the prepared handover whose release is staged, while
+	// staged is set; owned by whoever holds turn.
+	stagedBy *advisoryPrepared
 
 	mu       sync.Mutex
 	held     bool
@@ -94,7 +105,27 @@ func (s *AdvisoryStore) heldSession(name, token string, term uint64) *session {
 // (errSessionReset) or its connection closed, the session is dropped: its
 // connection is closed, which frees any lock, a held lease is marked lost,
 // and the error wraps errSessionDropped.
+//
+// While a handover's release is staged on the session, do returns
+// errStaged without running fn (see doStaged); but once the handover has
+// ended (its Commit or Abort began, and left the release staged: its
+// context ended while it waited for the session, say), do drops the
+// session, which rolls the staged release back and frees the lease, and
+// returns an error wrapping errSessionDropped, so that a session is never
+// left staged for good.
 func (ss *session) do(ctx context.Context, s *AdvisoryStore, connect bool, fn func(conn *pgx.Conn) error) error {
+	return ss.run(ctx, s, connect, false, fn)
+}
+
+// doStaged is do for the Commit and Abort of a handover staged on the
+// session (see advisoryPrepared.Stage), and for Stage itself: it runs fn
+// whether or not a release is staged.
+func (ss *session) doStaged(ctx context.Context, s *AdvisoryStore, fn func(conn *pgx.Conn) error) error {
+	return ss.run(ctx, s, false, true, fn)
+}
+
+// run is do; fn runs while a release is staged only if staged is set.
+func (ss *session) run(ctx context.Context, s *AdvisoryStore, connect, staged bool, fn func(conn *pgx.Conn) error) error {
 	select {
 	case ss.turn <- struct{}{}:
 	case <-ctx.Done():
@@ -120,8 +151,13 @@ func (ss *session) do(ctx context.Context, s *AdvisoryStore, connect bool, fn fu
 		}
 		ss.conn = conn
 	}
-	err := fn(ss.conn)
-	if err != nil && (errors.Is(err, errSessionReset) || ss.conn.IsClosed()) {
+	var err error
+	if ss.staged && !staged && ss.stagedBy != nil && ss.stagedBy.ended() {
+		ss.drop()
+		err = fmt.Errorf("%w (%w)", errStaged, errSessionDropped)
+	} else if ss.staged && !staged {
+		err = errStaged
+	} else if err = fn(ss.conn); err != nil && (errors.Is(err, errSessionReset) || ss.conn.IsClosed()) {
 		ss.drop()
 		err = fmt.Errorf("%w (%w)", err, errSessionDropped)
 	}
@@ -196,6 +232,7 @@ func (ss *session) drop() {
 		closeConn(ss.conn)
 		ss.conn = nil
 	}
+	ss.staged, ss.stagedBy = false, nil // with the connection, the staged transaction is gone
 	ss.markLost()
 }
 

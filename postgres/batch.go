@@ -94,15 +94,25 @@ func newRenewBatcher(s *LeaseStore) *renewBatcher {
 // heldLease is an entry of renewBatcher.held.
 type heldLease struct {
 	term    int64
-	expires time.Time // sent+ttl of the last grant or renewal seen, or later
+	expires time.Time     // sent+ttl of the last grant or renewal seen, or later
+	ttl     time.Duration // the TTL of that grant or renewal
 }
 
 // granted records a lease the store granted, so that rounds know how many
 // renewals to wait for.
 func (b *renewBatcher) granted(name, token string, term int64, ttl time.Duration) {
 	b.mu.Lock()
-	b.held[holder{name, token}] = heldLease{term: term, expires: time.Now().Add(ttl)}
+	b.held[holder{name, token}] = heldLease{term: term, expires: time.Now().Add(ttl), ttl: ttl}
 	b.mu.Unlock()
+}
+
+// ttlOf returns the TTL of the last grant or renewal of the lease of name
+// held by token under term that the store saw, if it has the lease.
+func (b *renewBatcher) ttlOf(name, token string, term int64) (time.Duration, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h, ok := b.held[holder{name, token}]
+	return h.ttl, ok && h.term == term && h.ttl > 0
 }
 
 // ended records that a lease granted here is no longer held (released,
@@ -142,7 +152,7 @@ func (b *renewBatcher) renewed(renewed map[heldKey]leaseRow, batch []*renewCall)
 		k := holder{c.name, c.token}
 		if h, ok := b.held[k]; ok && h.term == c.term {
 			if _, ok := renewed[heldKey{c.name, c.token, c.term}]; ok {
-				b.held[k] = heldLease{term: c.term, expires: now.Add(c.ttl)}
+				b.held[k] = heldLease{term: c.term, expires: now.Add(c.ttl), ttl: c.ttl}
 			}
 		}
 	}

@@ -54,6 +54,14 @@ const FenceSQLState = "LF001"
 // after the promotion and only terms above every earlier one (see Failover
 // in the package documentation), so a term is never held by two.
 //
+// A handover's release that is staged (see "Staged handovers" in the
+// package documentation) holds the lease row's lock from before the old
+// leader's OnDemoted until its commit after it; the function then judges
+// the row's committed version without waiting for that lock, and holds
+// the name's fence lock, which the release's commit waits for: the old
+// term's fenced writes in OnDemoted neither wait for their own release
+// nor commit after it.
+//
 // While tx is open, a takeover of the lease waits for it, and so do a
 // release and a renewal that writes the lease row: the lease strategy's
 // Electors renew in heartbeats (RenewBatch), which write it only in the

@@ -133,6 +133,10 @@ func FuzzOptions(f *testing.F) {
 			defaults.qualifiedCandidateTable(), got.qualifiedCandidateTable(),
 			defaults.requestIndex(), got.requestIndex(),
 			fenceQuote(defaults), fenceQuote(got),
+			// The staged and fence keys' prefixes name the table in hex
+			// (see stageKeySQL).
+			hex.EncodeToString([]byte(stagedKeyPrefix+defaults.qualifiedTable()+":")), hex.EncodeToString([]byte(stagedKeyPrefix+got.qualifiedTable()+":")),
+			hex.EncodeToString([]byte(fenceKeyPrefix+defaults.qualifiedTable()+":")), hex.EncodeToString([]byte(fenceKeyPrefix+got.qualifiedTable()+":")),
 		)
 		gotStmts := sqlOf(got)
 		for i := range gotStmts {

@@ -95,6 +95,19 @@ func (b *beats) forget(name, token string) {
 	}
 }
 
+// ttlOf returns the TTL of the heartbeat under which the store has the
+// lease of name held by token under term, if it has it under one.
+func (b *beats) ttlOf(name, token string, term int64) (time.Duration, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for ttl, hb := range b.byTTL {
+		if l := hb.leases[holder{name, token}]; l != nil && l.term == term {
+			return ttl, true
+		}
+	}
+	return 0, false
+}
+
 // beatStatements are the statements of heartbeat rounds.
 type beatStatements struct {
 	// insert and renew: $1 heartbeat id, $2 ttl, $3 names, $4 tokens, $5

@@ -139,6 +139,8 @@ func migrationScript(opts Options) (string, error) {
 		"{{fence_quote}}", fenceQuote(opts),
 		"{{candidate_table}}", opts.qualifiedCandidateTable(),
 		"{{request_index}}", opts.requestIndex(),
+		"{{staged_key}}", stageKeySQL(stagedKeyPrefix, opts.qualifiedTable(), "$1"),
+		"{{fence_key}}", stageKeySQL(fenceKeyPrefix, opts.qualifiedTable(), "$1"),
 	)
 	var b strings.Builder
 	for _, name := range names { // fs.Glob returns names in lexical order

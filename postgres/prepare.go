@@ -86,6 +86,186 @@ type preparedHandover struct {
 	mu          sync.Mutex
 	conn        *pgxpool.Conn // nil once ended
 	waited      bool          // the successor waited when PrepareHandover returned
+	// staged is set once Stage has run the release on conn, in a
+	// transaction left open, for stagedReason and stagedHold, at
+	// stagedAt; guarded by mu.
+	staged       bool
+	stagedReason leader.GrantReason
+	stagedHold   time.Duration
+	stagedAt     time.Time
+}
+
+var _ leader.HandoverStager = (*preparedHandover)(nil)
+
+// handoverStagedUnlockStmt is the name of stagedUnlockLease, prepared on
+// the preparation's connection by Stage.
+const handoverStagedUnlockStmt = "leader_handover_staged_unlock"
+
+// stageLocksLease is the statement of a staged release (see
+// preparedHandover.Stage) after the release, in its transaction: $1 and
+// $2 the handover lock's two int4 keys, $3 the name's staged key, $4 the
+// transaction's idle_in_transaction_session_timeout. It takes the
+// handover's lock again at transaction level, at once (the session holds
+// it already), so that Commit's unlock of the session's hold
+// (stagedUnlockLease) does not free it before the COMMIT; lifts the
+// transaction's lock_timeout and statement_timeout, so that the commit
+// waits for the fenced transactions that hold the name's fence lock; and
+// tries the name's staged lock (see stagedKeyPrefix), returning whether it
+// took it. The idle timeout ends the transaction, and the connection, if
+// neither Commit nor Abort comes (the handover's process gone without a
+// word): the lease row is not held locked past it, and the lease itself
+// stays as it was, held by the holder, who no longer renews it.
+const stageLocksLease = `SELECT pg_advisory_xact_lock($1::int4, $2::int4),
+	set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true),
+	set_config('idle_in_transaction_session_timeout', $4, true),
+	pg_try_advisory_xact_lock($3::bigint)`
+
+// stagedUnlockLease is the first statement of a staged release's commit
+// (see preparedHandover.Commit): $1 and $2 the handover lock's two int4
+// keys, $3 the name's fence key. It takes the name's fence lock, waiting
+// for every fenced transaction that judged the row while the release was
+// staged, and then unlocks the session's hold of the handover's lock (the
+// transaction's own hold keeps it until the COMMIT); it returns whether it
+// unlocked it.
+const stagedUnlockLease = `WITH fence AS MATERIALIZED (
+	SELECT pg_advisory_xact_lock($3::bigint)
+)
+SELECT pg_advisory_unlock($1::int4, $2::int4) FROM fence`
+
+// Stage implements leader.HandoverStager. When the successor waited, it
+// runs, on the preparation's connection, a release that grants the
+// successor the lease (statements.releaseGranting, with the holder's TTL)
+// in a transaction that it leaves open, takes the handover's lock again
+// at transaction level there, and the name's staged lock
+// (stageLocksLease): Commit then only takes the name's fence lock, unlocks
+// the session's hold and commits, and the successor's statement, which
+// waits for the handover's lock, runs as the COMMIT frees it, and only
+// reads the row that names it (claimStaged). Nobody sees the release
+// until then: the lease stays held, and the row names the holder. A
+// fenced transaction of the name (see Fence) neither waits for the
+// staged release nor is overtaken by it: the release's commit waits for
+// it (see "Staged handovers" in the package documentation).
+//
+// The grant's times (acquired_at, the expiry) are Stage's: a Commit later
+// than half of hold after Stage rolls the staged release back and
+// releases as an unstaged Commit does.
+//
+// A handover is not staged, and Stage does nothing (Commit releases as
+// before), when its successor did not wait, when the store does not have
+// the lease under one of its heartbeats (whose TTL the grant takes), when
+// the lease row is locked by a fenced transaction (stageLockWait), when a
+// fenced transaction holds the name's staged lock, when the release
+// grants nothing (the lease lost, the strategy row or a failover's grace
+// refusing), or when the schema's fence function is one from before
+// staged releases (run Migrate). Its statements are bounded on the
+// server by ctx's deadline (statement_timeout; stageTimeout without one).
+// If they fail, the transaction is rolled back and the handover stays
+// prepared, not staged; if the rollback fails too, the connection is
+// closed, which frees the lock on which the successor waits (Commit then
+// fails, and the Elector releases with ReleaseTo).
+func (p *preparedHandover) Stage(ctx context.Context, reason leader.GrantReason, hold time.Duration) error {
+	if err := checkHandover(p.name, p.term, p.successor, reason, hold); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil // the caller gave up: nothing staged
+	}
+	s := p.s
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil || p.staged {
+		return fmt.Errorf("postgres: stage the release of %q term %d to %s: the prepared handover was staged, committed or aborted already", p.name, p.term, p.successor.ID)
+	}
+	if !p.waited {
+		return p.notStaged("the successor did not wait")
+	}
+	ttl, ok := s.heldTTL(p.name, p.token, int64(p.term))
+	if !ok {
+		return p.notStaged("the store did not grant or renew the lease, and knows not its TTL")
+	}
+	statementTimeout := stageTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		statementTimeout = time.Until(dl)
+	}
+	if statementTimeout < time.Millisecond {
+		return p.notStaged("no time left")
+	}
+	ctx, cancel := s.opts.bound(context.WithoutCancel(ctx))
+	defer cancel()
+	what := fmt.Sprintf("stage the release of %q term %d to %s", p.name, p.term, p.successor.ID)
+	if !s.fenceOrdersStaged.ok(ctx, s.pool, s.opts) {
+		return p.notStaged("the schema's fence function is older than staged releases: run Migrate")
+	}
+	conn := p.conn.Conn()
+	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		if _, err := conn.Prepare(ctx, handoverStagedUnlockStmt, stagedUnlockLease); err != nil {
+			return wrapError(ctx, what, err)
+		}
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(stageSettings, strconv.FormatInt(stageLockWait.Milliseconds(), 10), strconv.FormatInt(max(statementTimeout.Milliseconds(), 1), 10))
+	b.Queue(s.sql.releaseGranting, p.name, p.token, int64(p.term), p.successor.Token, p.successor.ID, string(reason),
+		int32(p.successor.Priority), interval(ttl))
+	b.Queue(stageLocksLease, int32(handoverClass), p.key, s.opts.stagedKey(p.name), strconv.FormatInt(max(hold.Milliseconds(), 1), 10))
+	br := conn.SendBatch(ctx, b)
+	_, errBegin := br.Exec()
+	_, errSettings := br.Exec()
+	var (
+		granted, durable int64
+		locked           bool
+		ignored          [4]any
+	)
+	errRelease := br.QueryRow().Scan(&granted, &durable)
+	errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &locked)
+	err := errors.Join(errBegin, errSettings, errRelease, errLocks, br.Close())
+	if err == nil && granted == 1 && locked {
+		p.staged, p.stagedReason, p.stagedHold, p.stagedAt = true, reason, hold, time.Now()
+		return nil
+	}
+	if _, errRollback := conn.Exec(ctx, "ROLLBACK"); errRollback != nil {
+		c := p.conn
+		p.conn = nil
+		s.preps.remove(p)
+		closeHijacked(c)
+		return wrapError(ctx, what, errors.Join(err, errRollback))
+	}
+	if err != nil && !isLockTimeout(err) {
+		return wrapError(ctx, what, err)
+	}
+	switch {
+	case err != nil:
+		return p.notStaged("a fenced transaction locks the lease row")
+	case granted != 1:
+		return p.notStaged("the release granted nothing (the lease lost, or the strategy row or a failover's grace refused)")
+	default:
+		return p.notStaged("a fenced transaction holds the name's staged lock")
+	}
+}
+
+// notStaged logs why p's release was not staged, and returns nil: Commit
+// releases as if Stage had not been called.
+func (p *preparedHandover) notStaged(why string) error {
+	p.s.opts.Logger.Debug("a prepared handover's release is not staged; it is made at the commit",
+		slog.String("name", p.name), slog.String("why", why))
+	return nil
+}
+
+// heldTTL returns the TTL of the lease of name held by token under term:
+// its heartbeat's, if the store has it under one, else that of its last
+// grant or renewal here.
+func (s *LeaseStore) heldTTL(name, token string, term int64) (time.Duration, bool) {
+	if ttl, ok := s.beats.ttlOf(name, token, term); ok {
+		return ttl, true
+	}
+	return s.renewals.ttlOf(name, token, term)
+}
+
+// stale reports whether a staged release, committed now, would leave the
+// grant less than half of the hold after Stage (see Stage); guarded by
+// p.mu.
+func (p *preparedHandover) stale() bool {
+	return p.staged && time.Since(p.stagedAt) > p.stagedHold/2
 }
 
 // handoverUnlock frees a prepared handover's lock: $1 handoverClass, $2
@@ -106,6 +286,10 @@ const (
 	// of a successor that waits for a prepared handover
 	// (acquireWaiting), prepared on the connection of its wait.
 	waitedAcquireStmt = "leader_waited_acquire"
+	// waitedClaimStmt is the claim of a staged grant
+	// (statements.claimStaged) of a successor that waits for a prepared
+	// handover, prepared on the connection of its wait.
+	waitedClaimStmt = "leader_waited_claim"
 )
 
 // handoverWarmUp has the server plan Commit's statements on a
@@ -129,7 +313,8 @@ EXPLAIN (COSTS OFF) EXECUTE ` + handoverUnlockStmt + `(NULL, NULL)`
 // comes, neither plans nor reads the catalog for it. Its arguments are
 // placeholders; a generic plan does not depend on them.
 const waitedAcquireWarmUp = `SET plan_cache_mode = force_generic_plan;
-EXPLAIN (COSTS OFF) EXECUTE ` + waitedAcquireStmt + `(NULL, NULL, NULL, NULL, NULL, NULL)`
+EXPLAIN (COSTS OFF) EXECUTE ` + waitedAcquireStmt + `(NULL, NULL, NULL, NULL, NULL, NULL);
+EXPLAIN (COSTS OFF) EXECUTE ` + waitedClaimStmt + `(NULL, NULL)`
 
 // warmWaitedAcquire prepares waitedAcquireStmt on conn and has the
 // server plan it (waitedAcquireWarmUp), in a round trip before the
@@ -144,6 +329,9 @@ func (s *LeaseStore) warmWaitedAcquire(ctx context.Context, conn *pgx.Conn) bool
 		return false
 	}
 	_, err := conn.Prepare(ctx, waitedAcquireStmt, s.sql.grantReleased)
+	if err == nil {
+		_, err = conn.Prepare(ctx, waitedClaimStmt, s.sql.claimStaged)
+	}
 	if err == nil {
 		_, err = conn.Exec(ctx, waitedAcquireWarmUp, pgx.QueryExecModeSimpleProtocol)
 	}
@@ -435,6 +623,13 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 		p.Abort()
 		return err
 	}
+	p.mu.Lock()
+	staged, stale, mismatch := p.staged, p.stale(), p.staged && (reason != p.stagedReason || hold != p.stagedHold)
+	p.mu.Unlock()
+	if mismatch {
+		p.Abort()
+		return fmt.Errorf("postgres: release %q term %d to %s: committed for reason %q and hold %v, staged for %q and %v", p.name, p.term, p.successor.ID, reason, hold, p.stagedReason, p.stagedHold)
+	}
 	conn := p.take()
 	if conn == nil {
 		return fmt.Errorf("postgres: release %q term %d to %s: the prepared handover was committed or aborted already", p.name, p.term, p.successor.ID)
@@ -442,8 +637,20 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 	ctx, cancel := s.opts.bound(ctx)
 	defer cancel()
 	const op = "release"
+	if staged && stale {
+		// Committed now, the staged grant would have less than half of
+		// the hold behind it: release as if unstaged instead.
+		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+			closeHijacked(conn)
+			return wrapError(ctx, fmt.Sprintf("%s %q term %d to %s: rolling back its staged release", op, p.name, p.term, p.successor.ID), err)
+		}
+		staged = false
+	}
 	s.renewals.ended(p.name, p.token, int64(p.term))
 	s.beats.forget(p.name, p.token)
+	if staged {
+		return p.commitStaged(ctx, conn)
+	}
 	args := [][]byte{[]byte(p.name), []byte(p.token), strconv.AppendUint(nil, p.term, 10), []byte(s.opts.Channel),
 		[]byte(p.successor.Token), []byte(p.successor.ID), []byte(reason),
 		fmt.Appendf(nil, "%d microseconds", interval(hold)/time.Microsecond)}
@@ -513,9 +720,72 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 	return nil
 }
 
-// Abort implements leader.PreparedHandover: it unlocks the lock on which
-// the successor waits, or closes the connection (which frees it) if that
-// fails.
+// commitStaged commits the release that Stage ran in conn's open
+// transaction, in one round trip: it takes the name's fence lock,
+// waiting for the fenced transactions that judged the row while the
+// release was staged, unlocks the session's hold of the handover's lock
+// (stagedUnlockLease; the transaction's own hold keeps it until the
+// COMMIT, which frees it once the grant is visible), commits, and then,
+// handoverNoticeDelay later, removes the holder's own entry among the
+// candidates (dropReleasedHolder). The grant's notice is the successor's
+// to send, as for any grant. If the statements fail before the COMMIT's
+// answer, the connection is closed, which rolls the release back and frees
+// the lock: the lease is then still the holder's, and Commit returns the
+// error (not ErrLeaseLost), so that the Elector releases with ReleaseTo.
+func (p *preparedHandover) commitStaged(ctx context.Context, conn *pgxpool.Conn) error {
+	s := p.s
+	what := fmt.Sprintf("release %q term %d to %s", p.name, p.term, p.successor.ID)
+	args := [][]byte{strconv.AppendInt(nil, handoverClass, 10), strconv.AppendInt(nil, int64(p.key), 10),
+		strconv.AppendInt(nil, s.opts.fenceKey(p.name), 10)}
+	prepared := conn.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
+	pl := conn.Conn().PgConn().StartPipeline(ctx)
+	if prepared {
+		pl.SendQueryPrepared(handoverStagedUnlockStmt, args, nil, nil)
+	} else {
+		pl.SendQueryParams(stagedUnlockLease, args, nil, nil, nil)
+	}
+	pl.SendPipelineSync()
+	pl.SendQueryParams("COMMIT", nil, nil, nil, nil)
+	pl.SendPipelineSync()
+	pl.SendQueryPrepared(handoverSleepStmt, [][]byte{[]byte(strconv.FormatFloat(s.noticeDelay.Seconds(), 'f', -1, 64))}, nil, nil)
+	pl.SendPipelineSync()
+	pl.SendQueryPrepared(handoverDropStmt, [][]byte{[]byte(p.name), []byte(p.token)}, nil, nil)
+	pl.SendPipelineSync()
+	var (
+		first [][]byte
+		tag   pgconn.CommandTag
+	)
+	err := pl.Flush()
+	if err == nil {
+		var err1, err2 error
+		first, err1 = pipelineRow(pl)
+		tag, err2 = pipelineTag(pl)
+		err = errors.Join(err1, err2)
+	}
+	if err == nil && tag.String() != "COMMIT" {
+		err = fmt.Errorf("the staged release's transaction ended with %q, not COMMIT", tag.String())
+	}
+	if err != nil {
+		closeHijacked(conn) // pl with it
+		return wrapError(ctx, what, err)
+	}
+	_, err3 := pipelineRow(pl)
+	_, err4 := pipelineRow(pl)
+	if err := errors.Join(err3, err4, pl.Close()); err != nil || len(first) < 1 || string(first[0]) != "t" {
+		// Committed; what failed after, or a hold of the lock that was
+		// not there, leaves the connection in doubt.
+		s.opts.Logger.Debug("after a staged handover's commit, the removal of the holder's entry among the candidates failed, or the session did not hold the handover's lock; the connection is closed",
+			slog.String("name", p.name), slog.Any("error", err))
+		closeHijacked(conn)
+		return nil
+	}
+	conn.Release()
+	return nil
+}
+
+// Abort implements leader.PreparedHandover: it rolls back a staged
+// release, and unlocks the lock on which the successor waits, or closes
+// the connection (which does both) if that fails.
 func (p *preparedHandover) Abort() {
 	conn := p.take()
 	if conn == nil {
@@ -523,6 +793,15 @@ func (p *preparedHandover) Abort() {
 	}
 	ctx, cancel := p.s.opts.bound(context.Background())
 	defer cancel()
+	p.mu.Lock()
+	staged := p.staged
+	p.mu.Unlock()
+	if staged {
+		if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+			closeHijacked(conn)
+			return
+		}
+	}
 	var unlocked bool
 	if err := conn.QueryRow(ctx, handoverUnlock, int32(handoverClass), p.key).Scan(&unlocked); err != nil || !unlocked {
 		closeHijacked(conn)
@@ -559,15 +838,14 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 		return false, false, nil
 	}
 	defer conn.Release()
-	stmt := s.sql.grantReleased
+	claim, grant := s.sql.claimStaged, s.sql.grantReleased
 	if s.warmWaitedAcquire(ctx, conn.Conn()) {
-		stmt = waitedAcquireStmt
+		claim, grant = waitedClaimStmt, waitedAcquireStmt
 	} else if ctx.Err() != nil {
 		return false, false, ctx.Err()
 	}
-	ran, errRow, err := waitThenRun(ctx, conn.Conn(), s.handoverKey(name), wait, nil, stmt,
-		[]any{name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)},
-		func(row pgx.Row) error { return row.Scan(dest...) })
+	ran, errRow, err := waitThenRun(ctx, conn.Conn(), s.handoverKey(name), wait, nil, claim,
+		[]any{name, c.Token}, func(row pgx.Row) error { return row.Scan(dest...) })
 	switch {
 	case err != nil && !ran && ctx.Err() == nil && !errors.Is(err, errWaitBatch):
 		// The ROLLBACK after a wait that ran out failed: the pool closes
@@ -575,12 +853,25 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 		return false, false, nil
 	case err != nil:
 		return false, false, err
+	case !ran:
+		return false, false, nil // the lock was not had in time
 	case errors.Is(errRow, pgx.ErrNoRows):
-		return false, true, nil // not free for c: try as usual
+		// No staged release granted c the lease (see
+		// preparedHandover.Stage): the grant of a released lease, in a
+		// statement whose snapshot shows the release.
+		err := conn.QueryRow(ctx, grant, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)).Scan(dest...)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return false, true, nil // not free for c: try as usual
+		case err != nil:
+			return false, false, err
+		}
+		return true, true, nil
 	case errRow != nil:
 		return false, false, errRow
 	}
-	return ran, ran, nil
+	s.stagedClaims.Add(1)
+	return true, true, nil
 }
 
 // batchStatement is a statement and its arguments, queued in a batch.

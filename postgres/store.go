@@ -196,6 +196,44 @@
 // holder's own session (see "Handovers" in the AdvisoryStore's
 // documentation).
 //
+// # Staged handovers
+//
+// A prepared handover whose successor waits is staged
+// ([leader.HandoverStager]), on both stores: once the old leader's tenure
+// has ended and before its OnDemoted runs, the preparation's connection
+// (the LeaseStore's) or the holder's session (the AdvisoryStore's) runs
+// the release, which grants the successor the lease, in a transaction
+// that it leaves open, and the commit after OnDemoted only takes a lock,
+// unlocks and commits. The release's work is then done while the old
+// term's work winds down, out of the leaderless gap; the LeaseStore's
+// successor then only reads the row that names it. Nobody sees the
+// release before the commit: the row (and the lock) name the holder. The
+// LeaseStore's grant has the holder's TTL (the successor's first renewal
+// puts its own), so it stages only a lease whose TTL it knows: one it
+// granted or renewed. The Elector stages only when no renewal of the lease
+// is in flight, since a renewal may write the row that the staged release
+// holds locked.
+//
+// Such a transaction holds the lease row's lock from before OnDemoted to
+// after it, where the old leader's fenced writes (see Fence), which
+// OnDemoted may wait for, lock the row too. Two transaction-level advisory
+// locks of each name, in the bigint key space, keep them apart. Their keys
+// are the first 8 bytes of the SHA-256 of "leader:staged:" (or
+// "leader:fence:"), the lease table's quoted, schema-qualified name, a
+// colon and the election name. The staged release takes the staged lock,
+// never waiting for it, once its update is made, and the fence lock just
+// before its COMMIT. The fence function, finding the staged lock taken,
+// takes the fence lock in shared mode, and judges the row's committed
+// version without waiting for the release's lock: the release's commit
+// then waits for the fenced transaction, whose writes land before the
+// successor's. A fenced transaction that began before the staging holds
+// the staged lock in shared mode, and the release is then not staged,
+// but committed after OnDemoted as before; nor is it when its update
+// would wait for a row lock (10 ms), or when the schema's fence function
+// is older than staged releases (run Migrate). A commit later than half
+// of the reservation after the staging makes the release afresh, so that
+// the reservation has half of its length to run at least.
+//
 // # Connection poolers
 //
 // A transaction-pooling proxy such as PgBouncer cannot keep session state
@@ -672,6 +710,9 @@ type LeaseStore struct {
 	renewals *renewBatcher
 	beats    beats
 	beatSQL  beatStatements
+	// fenceOrdersStaged: whether the fence function lets releases be
+	// staged (see stagedFence).
+	fenceOrdersStaged stagedFence
 	// sweepDue is set when a new heartbeat was made, and the next
 	// RenewBatch sweeps the heartbeats of gone processes (see sweep);
 	// sweepRefused says once that the role may not delete them.
@@ -686,6 +727,10 @@ type LeaseStore struct {
 	// waitedGrants counts the grants of Acquire statements that waited
 	// for a prepared handover (acquireWaiting); tests read it.
 	waitedGrants atomic.Int64
+	// stagedClaims counts the waited grants that a staged release made,
+	// which the successor's statement only read (claimStaged); tests
+	// read it.
+	stagedClaims atomic.Int64
 	// namedGrants counts the grants of Acquire calls that a release woke
 	// by name, by the grant of a released lease (see wakeups.named);
 	// tests read it.

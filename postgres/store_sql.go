@@ -30,6 +30,10 @@ type statements struct {
 	// is still free (a prepared handover's Commit whose successor waits:
 	// see preparedHandover.Commit).
 	releaseQuiet, freedNotice, dropHolder string
+	// releaseGranting and claimStaged: a staged handover's release,
+	// which grants the successor the lease, and the successor's claim of
+	// it (see preparedHandover.Stage).
+	releaseGranting, claimStaged string
 }
 
 // expiry returns the SQL expression for when the lease of row l runs out,
@@ -302,7 +306,57 @@ SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
 	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable), true, %[8]s
 FROM granted AS g`, table, strategyRow, epochCTEs(opts.qualifiedEpochTable(), "$4::interval"), clearedTransfer, clearedValues,
 		transferColumns("l"), durableCommit, transferNames("g"), grantReasonSQL("l", "$2", "false"), reservedForOther("l", "$2"))
+	// The staged release that grants: see the statements' comments below.
+	releaseGranting := fmt.Sprintf(`
+WITH %[2]s, %[3]s, granted AS (
+	UPDATE %[1]s AS l
+	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, released_at, priority, reason, %[4]s) = (
+		greatest(l.term, st.term_floor, ep.floor) + 1, $4, $5, c.now, c.now,
+		c.now + $8::interval, NULL, c.now,
+		$7, $6, %[5]s)
+	FROM clock_timestamp() AS c(now), st, ep
+	WHERE l.name = $1 AND l.holder_token = $2 AND l.term = $3 AND ep.ok
+		AND %[6]s > c.now
+	RETURNING l.name
+), durable AS (
+	SELECT %[7]s FROM granted
+)
+SELECT (SELECT count(*) FROM granted), (SELECT count(*) FROM durable)`, table,
+		strategyRow, epochCTEs(opts.qualifiedEpochTable(), "$8::interval"),
+		clearedTransfer, clearedValues, expiry(hb), durableCommit)
 	return statements{
+		// Staged release that grants (see preparedHandover.Stage): $1
+		// name, $2 the holder's token, $3 its term, $4 the successor's
+		// token, $5 its candidate ID, $6 the handover's reason, $7 its
+		// priority, $8 the TTL of the heartbeat the lease is under. In one update, it ends the holder's term and grants
+		// the successor the lease: the next term (above the strategy
+		// row's term_floor and the epoch's floor, as every grant's), the
+		// successor's token and ID, acquired now, its priority, the
+		// handover's reason, no request and no reservation (the lease is
+		// held: nobody else is granted it), and the holder's TTL ($8; the
+		// successor's first renewal puts its own), on no heartbeat. Only an unexpired lease
+		// held by the token under the term, of a name that the strategy
+		// row gives the lease strategy, outside a failover's grace. It
+		// runs in a transaction that Commit makes visible, after
+		// OnDemoted; the successor's waiting statement then only reads
+		// the row (claimStaged). Committed durably (durableCommit).
+		// Returns the count of leases granted (1 or 0), and 1 if durable.
+		releaseGranting: releaseGranting,
+
+		// Claim of a staged grant: $1 name, $2 token. The successor's
+		// statement once it has the handover's lock (see
+		// acquireWaiting): if the row names this token as its holder,
+		// unexpired and on no heartbeat, a staged release granted it the
+		// lease (a candidate that waits is not the holder); it returns
+		// acquire's first branch's row for it, read, not written. No
+		// row otherwise: the caller runs grantReleased.
+		claimStaged: fmt.Sprintf(`
+SELECT true, l.term, true, l.holder_id, l.acquired_at, l.expires_at,
+	l.expires_at - clock_timestamp(), 0::bigint, true, %[2]s
+FROM %[1]s AS l
+WHERE l.name = $1 AND l.holder_token = $2 AND l.heartbeat IS NULL AND l.expires_at > clock_timestamp()`,
+			table, transferColumns("l")),
+
 		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel,
 		// $6 priority.
 		//

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leaderelect/leader"
@@ -182,6 +183,83 @@ func testTransfers(t *testing.T, strategy postgres.Strategy) {
 		for _, d := range took {
 			if d > ttl/5 {
 				t.Errorf("a handover took %v with a %v TTL: the successor was not woken", d, ttl)
+			}
+		}
+	})
+
+	t.Run("a fenced write in OnDemoted commits under the old term, before the successor leads, and the handover stays one", func(t *testing.T) {
+		// OnDemoted winds the old term's work down with a fenced write,
+		// as a leader run child's SIGTERM handler may. A release staged
+		// before OnDemoted (the advisory strategy's) holds the lease row
+		// until its commit, after OnDemoted: the write must neither wait
+		// for it nor land after the successor's election.
+		t.Parallel()
+		const ttl = 10 * time.Second
+		g := newTransferGroup(t, strategy, "fenced", ttl)
+		if _, err := g.s.pool.Exec(t.Context(), "CREATE TABLE wound_down (term bigint, id text)"); err != nil {
+			t.Fatal(err)
+		}
+		type written struct {
+			term uint64
+			took time.Duration
+			err  error
+		}
+		wrote := make(chan written, 8)
+		sawWrite := make(chan bool, 8) // each successor's OnElected: was its predecessor's write there?
+		for _, id := range []string{"a", "b"} {
+			store := newTransferStore(t, g.strategy, g.s.pool)
+			var term atomic.Uint64
+			e := g.s.elector(t, store, g.name, id, id, g.ttl, func(c *leader.Config) {
+				c.RetryInterval = 100 * time.Millisecond
+				elected, demoted := c.OnElected, c.OnDemoted
+				c.OnElected = func(ctx context.Context) {
+					tm, _ := leader.TermFrom(ctx)
+					if term.Swap(tm); tm > 1 {
+						var n int
+						err := g.s.pool.QueryRow(t.Context(), "SELECT count(*) FROM wound_down WHERE term = $1", int64(tm-1)).Scan(&n)
+						sawWrite <- err == nil && n == 1
+					}
+					elected(ctx)
+				}
+				c.OnDemoted = func() {
+					start := time.Now()
+					ctx, cancel := context.WithTimeout(context.Background(), ttl/2)
+					defer cancel()
+					tm := term.Load()
+					err := pgx.BeginFunc(ctx, g.s.pool, func(tx pgx.Tx) error {
+						if err := postgres.Fence(ctx, tx, postgres.Options{}, g.name, tm); err != nil {
+							return err
+						}
+						_, err := tx.Exec(ctx, "INSERT INTO wound_down VALUES ($1, $2)", int64(tm), id)
+						return err
+					})
+					wrote <- written{tm, time.Since(start), err}
+					demoted()
+				}
+			})
+			g.es[id], g.stores[id] = e, store
+			electortest.Run(t, e)
+		}
+		for range 2 {
+			from, term := g.leader(t)
+			g.enlisted(t, from)
+			to := map[string]string{"a": "b", "b": "a"}[from]
+			start := time.Now()
+			l, err := g.es[from].Transfer(t.Context(), to)
+			if err != nil {
+				t.Fatalf("Transfer from %s to %s: %v", from, to, err)
+			}
+			took := time.Since(start)
+			g.checkSuccessor(t, fmt.Sprintf("Transfer from %s to %s", from, to), l, to, term, leader.GrantTransfer)
+			w := <-wrote
+			if w.err != nil || w.term != term {
+				t.Fatalf("%s's fenced write in OnDemoted under term %d: %v (term %d, took %v); want it committed", from, term, w.err, w.term, w.took)
+			}
+			if !<-sawWrite {
+				t.Fatalf("%s was elected before %s's fenced write of term %d had committed", to, from, term)
+			}
+			if took > ttl/5 {
+				t.Errorf("the handover from %s took %v with a %v TTL (its fenced write %v): it waited for something to run out", from, took, ttl, w.took)
 			}
 		}
 	})

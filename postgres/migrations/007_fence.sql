@@ -11,11 +11,30 @@
 -- claim can move the name to the other strategy, then the lease row of the
 -- name's strategy FOR SHARE, so that no grant can take it over, both until
 -- the transaction ends; and only then judges the lease, on the server's
--- clock: held under term, unexpired (its own expiry or its heartbeat's) for
--- the lease strategy, its lock held by the backend the row names for the
--- advisory one. Otherwise it raises SQLSTATE LF001, which aborts the
--- transaction. It never writes. It is not STRICT: a NULL argument is
--- refused like any term that does not hold the lease.
+-- clock, as the row's last committed version has it: held under term,
+-- unexpired (its own expiry or its heartbeat's) for the lease strategy, its
+-- lock held by the backend the row names for the advisory one. Otherwise it
+-- raises SQLSTATE LF001, which aborts the transaction. It never writes. It
+-- is not STRICT: a NULL argument is refused like any term that does not
+-- hold the lease.
+--
+-- A staged release (see "Staged handovers" in the package documentation)
+-- holds the lease row's lock, its update not yet committed, from before
+-- the old leader's OnDemoted until its commit: a fenced write of the old
+-- leader, which its OnDemoted may wait for, must not wait for that lock.
+-- The release holds the name's staged lock from once its update is made
+-- until its COMMIT, and takes the name's fence lock just before the
+-- COMMIT. So when the staged lock is taken, the function takes the fence
+-- lock in shared mode (waiting only for a commit under way), and if the
+-- staged lock is still taken then, the release has not committed and
+-- cannot until this transaction ends: it judges the row's committed
+-- version, locked FOR SHARE if it is not locked by an update (SKIP LOCKED;
+-- which, in a REPEATABLE READ transaction whose snapshot is older than a
+-- committed update, fails with SQLSTATE 40001 as FOR SHARE does), and
+-- otherwise FOR KEY SHARE, which an update that keeps the name does not
+-- conflict with. Holding the staged lock in shared mode otherwise, it
+-- keeps any release from being staged until the transaction ends (the
+-- release only tries the lock, and is then committed unstaged).
 --
 -- The heartbeat row is read, not locked: every grant writes the lease row
 -- (the lock above makes it wait), and a lock there would hold up the
@@ -36,19 +55,40 @@ DECLARE
     found_strategy text;
     found_term     bigint;
     found_held     boolean;
+    staged         boolean := false;
 BEGIN
     SELECT s.strategy INTO found_strategy
     FROM {{strategy_table}} AS s WHERE s.name = $1
     FOR KEY SHARE OF s;
 
+    IF NOT pg_try_advisory_xact_lock_shared({{staged_key}}) THEN
+        PERFORM pg_advisory_xact_lock_shared({{fence_key}});
+        staged := NOT pg_try_advisory_xact_lock_shared({{staged_key}});
+    END IF;
+
     IF found_strategy = 'lease' THEN
+        IF NOT staged THEN
+            PERFORM FROM {{table}} AS l WHERE l.name = $1 FOR SHARE OF l;
+        ELSE
+            PERFORM FROM {{table}} AS l WHERE l.name = $1 FOR SHARE OF l SKIP LOCKED;
+            IF NOT FOUND THEN
+                PERFORM FROM {{table}} AS l WHERE l.name = $1 FOR KEY SHARE OF l;
+            END IF;
+        END IF;
         SELECT l.term, l.holder_token IS NOT NULL AND (CASE WHEN l.heartbeat IS NULL THEN l.expires_at
                 ELSE coalesce((SELECT h.expires_at FROM {{heartbeat_table}} AS h WHERE h.id = l.heartbeat AND NOT h.dead), '-infinity')
             END) > clock_timestamp()
         INTO found_term, found_held
-        FROM {{table}} AS l WHERE l.name = $1
-        FOR SHARE OF l;
+        FROM {{table}} AS l WHERE l.name = $1;
     ELSIF found_strategy = 'advisory' THEN
+        IF NOT staged THEN
+            PERFORM FROM {{advisory_table}} AS a WHERE a.name = $1 FOR SHARE OF a;
+        ELSE
+            PERFORM FROM {{advisory_table}} AS a WHERE a.name = $1 FOR SHARE OF a SKIP LOCKED;
+            IF NOT FOUND THEN
+                PERFORM FROM {{advisory_table}} AS a WHERE a.name = $1 FOR KEY SHARE OF a;
+            END IF;
+        END IF;
         SELECT a.term, a.holder_token IS NOT NULL AND EXISTS (
                 SELECT FROM pg_locks AS k
                 WHERE k.locktype = 'advisory'
@@ -56,8 +96,7 @@ BEGIN
                     AND k.classid::bigint = ((a.key >> 32) & 4294967295) AND k.objid::bigint = (a.key & 4294967295)
                     AND k.objsubid = 1 AND k.mode = 'ExclusiveLock' AND k.granted AND k.pid = a.holder_pid)
         INTO found_term, found_held
-        FROM {{advisory_table}} AS a WHERE a.name = $1
-        FOR SHARE OF a;
+        FROM {{advisory_table}} AS a WHERE a.name = $1;
     END IF;
 
     IF $2 IS NOT NULL AND found_term = $2 AND found_held THEN

@@ -1,0 +1,273 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leaderelect/leader"
+)
+
+// TestLeaseStagedHandover checks the LeaseStore's staged release
+// (preparedHandover.Stage): once staged, nobody sees the lease released
+// or granted (Observe names the holder, the waiting successor waits on),
+// and Commit makes the grant visible, which the successor's waiting
+// statement only reads (claimStaged), with the next term; a fenced write
+// of the old term while staged neither waits for the staged release nor
+// commits after it; a fenced transaction open before Stage declines it;
+// Abort leaves the lease held and renewable; a Commit later than half of
+// the hold releases afresh; and a lease whose TTL the store does not know
+// (it neither granted nor renewed it) is not staged.
+func TestLeaseStagedHandover(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Minute
+	alice, bob := candidate("alice"), candidate("bob")
+	// prepared grants name to alice, under her store's heartbeat, and
+	// prepares its handover to bob, whose Acquire waits for it.
+	prepared := func(t *testing.T, name string) (a testBundle, succ *positioned, p *preparedHandover, l leader.Lease) {
+		t.Helper()
+		a = setup(t)
+		l = mustGrant(t, a.store, name, alice, ttl)
+		mustRenewBatch(t, a.store, renewals(alice, ttl, l))
+		succ = position(t, a, name, bob, ttl)
+		p = mustPrepare(t, a.store, name, alice, l.Term, bob)
+		return a, succ, p, l
+	}
+	// staged is prepared, staged with hold.
+	staged := func(t *testing.T, name string, hold time.Duration) (a testBundle, succ *positioned, p *preparedHandover, l leader.Lease) {
+		t.Helper()
+		a, succ, p, l = prepared(t, name)
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, hold); err != nil {
+			t.Fatalf("Stage: %v", err)
+		}
+		if !p.staged {
+			t.Fatal("Stage returned without staging the release")
+		}
+		if o := mustObserve(t, a.store, name); o.HolderID != "alice" || o.Term != l.Term {
+			t.Fatalf("Observe once staged: %+v; want alice's, term %d", o, l.Term)
+		}
+		time.Sleep(50 * time.Millisecond)
+		succ.notReturned(t, "once staged")
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, hold); err == nil {
+			t.Fatal("a second Stage succeeded")
+		}
+		return a, succ, p, l
+	}
+	granted := func(t *testing.T, succ *positioned, term uint64) acquireResult {
+		t.Helper()
+		r := succ.result(t)
+		if !r.granted || r.lease.Term != term || r.lease.HolderID != "bob" || r.lease.Reason != leader.GrantTransfer {
+			t.Fatalf("the successor's Acquire: %+v granted %v; want bob granted term %d for a transfer", r.lease, r.granted, term)
+		}
+		return r
+	}
+
+	t.Run("committed", func(t *testing.T) {
+		t.Parallel()
+		a, succ, p, l := staged(t, "c", ttl)
+		waited, claimed := succ.b.store.waitedGrants.Load(), succ.b.store.stagedClaims.Load()
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		r := granted(t, succ, l.Term+1)
+		if r.lease.Remaining <= 0 || r.lease.Remaining > ttl {
+			t.Fatalf("the successor's lease has %v left; want up to its TTL, %v", r.lease.Remaining, ttl)
+		}
+		if got := succ.b.store.stagedClaims.Load() - claimed; got != 1 {
+			t.Fatalf("the successor's Acquire claimed %d staged grants; want its own, read", got)
+		}
+		if got := succ.b.store.waitedGrants.Load() - waited; got != 1 {
+			t.Fatalf("the successor's Acquire was granted %d times after waiting; want 1", got)
+		}
+		if o := mustObserve(t, a.store, "c"); o.HolderID != "bob" || o.Term != l.Term+1 {
+			t.Fatalf("Observe after the commit: %+v; want bob's, term %d", o, l.Term+1)
+		}
+		if _, err := succ.b.store.Renew(callCtx(t), "c", bob.Token, l.Term+1, ttl); err != nil {
+			t.Fatalf("the successor's Renew: %v", err)
+		}
+		if _, err := a.store.Renew(callCtx(t), "c", alice.Token, l.Term, ttl); !errors.Is(err, leader.ErrLeaseLost) {
+			t.Fatalf("alice's Renew after the commit: %v; want ErrLeaseLost", err)
+		}
+	})
+	t.Run("aborted", func(t *testing.T) {
+		t.Parallel()
+		a, succ, p, l := staged(t, "a", ttl)
+		p.Abort()
+		if r := succ.result(t); r.granted {
+			t.Fatalf("the successor's Acquire after the abort: %+v; want refused", r.lease)
+		}
+		if o := mustObserve(t, a.store, "a"); o.HolderID != "alice" || o.Term != l.Term {
+			t.Fatalf("Observe after the abort: %+v; want alice's, term %d", o, l.Term)
+		}
+		if _, err := a.store.Renew(callCtx(t), "a", alice.Token, l.Term, ttl); err != nil {
+			t.Fatalf("alice's Renew after the abort: %v", err)
+		}
+	})
+	t.Run("a fenced write while staged", func(t *testing.T) {
+		t.Parallel()
+		a, succ, p, l := staged(t, "f", ttl)
+		ctx := callCtx(t)
+		tx, err := a.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		fenced := make(chan error, 1)
+		go func() { fenced <- Fence(ctx, tx, a.store.opts, "f", l.Term) }()
+		select {
+		case err := <-fenced:
+			if err != nil {
+				t.Fatalf("Fence with the old term while staged: %v; want it to hold", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Fence with the old term while staged did not return: it waits for the staged release")
+		}
+		committed := make(chan error, 1)
+		go func() { committed <- p.Commit(callCtx(t), leader.GrantTransfer, ttl) }()
+		select {
+		case err := <-committed:
+			t.Fatalf("Commit returned while a fenced transaction of the old term was open: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		succ.notReturned(t, "while a fenced transaction of the old term was open")
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("committing the fenced transaction: %v", err)
+		}
+		if err := <-committed; err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		granted(t, succ, l.Term+1)
+		for _, c := range []struct {
+			term uint64
+			held bool
+		}{{l.Term, false}, {l.Term + 1, true}} {
+			tx, err := a.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = Fence(ctx, tx, a.store.opts, "f", c.term)
+			tx.Rollback(ctx)
+			if (err == nil) != c.held {
+				t.Fatalf("Fence with term %d after the commit: %v; want it to hold: %v", c.term, err, c.held)
+			}
+		}
+	})
+	t.Run("a repeatable read snapshot from before the commit", func(t *testing.T) {
+		t.Parallel()
+		a, succ, p, l := staged(t, "rr", ttl)
+		ctx := callCtx(t)
+		tx, err := a.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		granted(t, succ, l.Term+1)
+		err = Fence(ctx, tx, a.store.opts, "rr", l.Term)
+		if err == nil || (!errors.Is(err, leader.ErrLeaseLost) && sqlState(err) != "40001") {
+			t.Fatalf("Fence with the old term on a snapshot from before the commit: %v; want ErrLeaseLost or a serialization failure", err)
+		}
+	})
+	t.Run("declined under a fenced transaction", func(t *testing.T) {
+		t.Parallel()
+		a, succ, p, l := prepared(t, "d")
+		ctx := callCtx(t)
+		tx, err := a.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if err := Fence(ctx, tx, a.store.opts, "d", l.Term); err != nil {
+			t.Fatalf("Fence: %v", err)
+		}
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Stage under a fenced transaction: %v; want it declined without an error", err)
+		}
+		if p.staged {
+			t.Fatal("Stage staged the release under an open fenced transaction")
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("committing the fenced transaction: %v", err)
+		}
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		granted(t, succ, l.Term+1)
+	})
+	t.Run("committed late", func(t *testing.T) {
+		t.Parallel()
+		const hold = 400 * time.Millisecond
+		_, succ, p, l := staged(t, "late", hold)
+		time.Sleep(hold/2 + 50*time.Millisecond)
+		claimed := succ.b.store.stagedClaims.Load()
+		before := time.Now()
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, hold); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		r := granted(t, succ, l.Term+1)
+		if r.lease.AcquiredAt.Before(before.Add(-20 * time.Millisecond)) {
+			t.Fatalf("granted at %v, %v before Commit was called; want the grant made after Commit, not by the stale staged release",
+				r.lease.AcquiredAt, before.Sub(r.lease.AcquiredAt))
+		}
+		if got := succ.b.store.stagedClaims.Load() - claimed; got != 0 {
+			t.Fatalf("the successor claimed %d staged grants; want the grant of the release made at the commit", got)
+		}
+	})
+	t.Run("granted, not yet under a heartbeat", func(t *testing.T) {
+		// The grant's TTL is the one its Acquire asked for.
+		t.Parallel()
+		a := setup(t)
+		l := mustGrant(t, a.store, "g", alice, ttl) // not renewed: under no heartbeat
+		succ := position(t, a, "g", bob, ttl)
+		p := mustPrepare(t, a.store, "g", alice, l.Term, bob)
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil || !p.staged {
+			t.Fatalf("Stage of a lease granted by the store: staged %v, %v; want it staged", p.staged, err)
+		}
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		if r := granted(t, succ, l.Term+1); r.lease.Remaining <= ttl/2 {
+			t.Fatalf("the successor's lease has %v left; want about the holder's TTL, %v", r.lease.Remaining, ttl)
+		}
+	})
+	t.Run("a TTL the store does not know", func(t *testing.T) {
+		// A store that neither granted nor renewed the lease does not
+		// know its TTL, and stages nothing.
+		t.Parallel()
+		a := setup(t)
+		l := mustGrant(t, a.store, "h", alice, ttl)
+		other := setupOn(t, a.pool, Options{})
+		succ := position(t, a, "h", bob, ttl)
+		p := mustPrepare(t, other.store, "h", alice, l.Term, bob)
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil || p.staged {
+			t.Fatalf("Stage on a store that does not know the lease: staged %v, %v; want it declined", p.staged, err)
+		}
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		granted(t, succ, l.Term+1)
+	})
+	t.Run("stage bounded by its context", func(t *testing.T) {
+		// A Stage whose context has ended stages nothing, and leaves the
+		// handover as it was: committed after, it hands over.
+		t.Parallel()
+		_, succ, p, l := prepared(t, "x")
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := p.Stage(ctx, leader.GrantTransfer, ttl); err != nil || p.staged {
+			t.Fatalf("Stage under an ended context: staged %v, %v; want nothing staged", p.staged, err)
+		}
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		granted(t, succ, l.Term+1)
+	})
+}
