@@ -175,7 +175,7 @@ type PreparedHandover interface {
 // its leadership has ended and before OnDemoted runs, so that the
 // release's work leaves the leaderless gap between the old leader's
 // OnDemoted and the successor's OnElected: Commit then only makes the
-// staged release visible. The PostgreSQL advisory store implements it.
+// staged release visible. Both PostgreSQL stores implement it.
 type HandoverStager interface {
 	// Stage runs the release that Commit would make for reason and hold,
 	// without making it visible: the lease stays held, nobody sees it
@@ -185,9 +185,11 @@ type HandoverStager interface {
 	// decline to stage (Stage returns nil, and Commit releases as it
 	// would have); it must, when staging would hold up the old term's
 	// own writes (fenced writes, which OnDemoted may wait for) until
-	// Commit. Stage ends by ctx's deadline without ending the lease: the
-	// lease stays held until Commit or Abort, since OnDemoted has not run
-	// yet. If Stage fails, the handover is as it was before the call
+	// Commit. Stage bounds its work by ctx's deadline without ending the
+	// lease: the lease stays held until Commit or Abort, since OnDemoted
+	// has not run yet (a store whose lease lives with a connection bounds
+	// the work on the server, and closes the connection only once the
+	// server has not answered well past the deadline). If Stage fails, the handover is as it was before the call
 	// (prepared, not staged), or, if the store cannot tell, the lease is
 	// lost: Commit then returns an error wrapping ErrLeaseLost. Stage is
 	// called at most once, before Commit or Abort.

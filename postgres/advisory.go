@@ -10,6 +10,7 @@ import (
 	"math"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -233,9 +234,10 @@ type AdvisoryStore struct {
 	sql    advisoryStatements
 	wakeups
 	candidates
-	// fenceOrdersStaged: whether the fence function lets releases be
-	// staged (see stagedFence).
-	fenceOrdersStaged stagedFence
+
+	// stagedCommits counts the staged releases committed here (see
+	// advisoryPrepared.Stage); tests read it.
+	stagedCommits atomic.Int64
 
 	smu      sync.Mutex
 	sessions map[sessionKey]*session

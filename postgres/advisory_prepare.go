@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -110,6 +111,8 @@ type advisoryPrepared struct {
 	stagedReason leader.GrantReason
 	stagedHold   time.Duration
 	stagedAt     time.Time
+	// abandoned: see abandon.
+	abandoned atomic.Bool
 }
 
 var _ leader.HandoverStager = (*advisoryPrepared)(nil)
@@ -132,33 +135,42 @@ const stageSettings = `SELECT set_config('lock_timeout', $1, true), set_config('
 
 // stageLocks is the third statement of a staged release (see Stage), in
 // its transaction, after the release: $1 the lease's key, $2 and $3 the
-// handover lock's two int4 keys, $4 the name's staged key. It takes the
+// handover lock's two int4 keys, $4 the name's staged key, $5 the fence
+// function's signature (see stagedFenceSQL). It takes the
 // lease's lock and the handover's again at transaction level, at once (the
 // session holds them already), so that Commit's unlocks of the session's
 // holds (stagedUnlock) free neither before its COMMIT; and it tries the
 // name's staged lock, which a fenced transaction that began before holds
-// in shared mode (see stagedKeyPrefix): it returns whether it took it,
-// and if not, Stage rolls back. As idle_session_timeout, which ends a
+// in shared mode (see stagedKeyPrefix), and checks that the fence
+// function orders itself against staged releases: it returns whether both
+// hold, and if not, Stage rolls back. As idle_session_timeout, which ends a
 // holder whose client went, counts only outside a transaction, it sets
 // idle_in_transaction_session_timeout to the same for this one; and it
 // lifts the transaction's lock_timeout and statement_timeout, so that
 // the commit waits for the fenced transactions that hold the name's fence
-// lock (as long as Commit's context allows).
+// lock (as long as Commit's context allows: stagedUnlock sets the
+// lock_timeout, and client_connection_check_interval, PostgreSQL 14 and
+// later, ends a wait whose client went).
 const stageLocks = `SELECT pg_advisory_xact_lock($1::bigint), pg_advisory_xact_lock($2::int4, $3::int4),
 	set_config('idle_in_transaction_session_timeout', current_setting('idle_session_timeout'), true),
 	set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true),
-	pg_try_advisory_xact_lock($4::bigint)`
+	CASE WHEN current_setting('server_version_num')::int >= 140000
+		THEN set_config('client_connection_check_interval', '100', true) END,
+	pg_try_advisory_xact_lock($4::bigint) AND ` + stagedFenceSQL
 
 // stagedUnlock is the first statement of a staged release's commit (see
 // commitStagedOn): $1 the lease's key, $2 and $3 the handover lock's two
-// int4 keys, $4 the name's fence key. It takes the name's fence lock,
+// int4 keys, $4 the name's fence key, $5 how long it may wait for it
+// (lock_timeout; see commitWait). It takes the name's fence lock,
 // waiting for every fenced transaction that judged the row while the
 // release was staged (see stagedKeyPrefix), and then unlocks the
 // session's holds of the lease's lock and the handover's, in this order
 // (the transaction's own holds keep both until the COMMIT); it returns
 // whether it unlocked the lease's lock, and 1.
-const stagedUnlock = `WITH fence AS MATERIALIZED (
-	SELECT pg_advisory_xact_lock($4::bigint)
+const stagedUnlock = `WITH wait AS MATERIALIZED (
+	SELECT set_config('lock_timeout', $5, true)
+), fence AS MATERIALIZED (
+	SELECT pg_advisory_xact_lock($4::bigint) FROM wait
 ), lease AS MATERIALIZED (
 	SELECT pg_advisory_unlock($1::bigint) AS ok FROM fence
 ), handover AS MATERIALIZED (
@@ -195,8 +207,8 @@ SELECT (SELECT ok FROM lease), (SELECT count(*) FROM handover)`
 // statements are bounded on the server by ctx's deadline
 // (statement_timeout; stageTimeout without one), not by closing the
 // session, which would free the lease before OnDemoted has returned; the
-// session is closed only if the server does not answer within the
-// store's CallTimeout. If the statements fail, the transaction is rolled
+// session is closed only if the server has not answered a second after
+// that bound. If the statements fail, the transaction is rolled
 // back and the handover stays prepared, not staged; if the rollback fails
 // too, the session is closed, freeing the lease. Stage returns an error
 // wrapping leader.ErrLeaseLost if the session does not hold the lease
@@ -224,12 +236,12 @@ func (p *advisoryPrepared) Stage(ctx context.Context, reason leader.GrantReason,
 	if statementTimeout < time.Millisecond {
 		return p.notStaged("no time left")
 	}
-	ctx, cancel := s.opts.bound(context.WithoutCancel(ctx))
+	// Not ctx itself: its end would close the session, and the lease
+	// with it, before OnDemoted has run. A second past the server's
+	// bound, the server is not answering, and the session is closed.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout+time.Second)
 	defer cancel()
 	what := fmt.Sprintf("stage the release of %q term %d to %s", p.name, p.term, p.successor.ID)
-	if !s.fenceOrdersStaged.ok(ctx, s.pool, s.opts) {
-		return p.notStaged("the schema's fence function is older than staged releases: run Migrate")
-	}
 	var staged bool
 	err := p.ss.doStaged(ctx, s, func(conn *pgx.Conn) error {
 		if !p.ss.heldUnder(p.term) {
@@ -247,9 +259,9 @@ func (p *advisoryPrepared) Stage(ctx context.Context, reason leader.GrantReason,
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(stageSettings, strconv.FormatInt(stageLockWait.Milliseconds(), 10), strconv.FormatInt(max(statementTimeout.Milliseconds(), 1), 10))
-		b.Queue(s.sql.releaseGranting, p.name, p.token, int64(p.term), p.successor.Token, p.successor.ID, string(reason),
+		b.Queue(s.sql.releaseGrantingStaged, p.name, p.token, int64(p.term), p.successor.Token, p.successor.ID, string(reason),
 			int64(interval(hold)/time.Microsecond), p.waiter, int32(p.successor.Priority))
-		b.Queue(stageLocks, p.ss.key, int32(handoverClass), p.key, s.opts.stagedKey(p.name))
+		b.Queue(stageLocks, p.ss.key, int32(handoverClass), p.key, s.opts.stagedKey(p.name), stagedFenceSignature(s.opts))
 		br := conn.SendBatch(ctx, b)
 		_, errBegin := br.Exec()
 		_, errSettings := br.Exec()
@@ -257,10 +269,10 @@ func (p *advisoryPrepared) Stage(ctx context.Context, reason leader.GrantReason,
 			released int64
 			granted  bool
 			locked   bool
-			ignored  [5]any
+			ignored  [6]any
 		)
 		errRelease := br.QueryRow().Scan(&released, &granted)
-		errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4], &locked)
+		errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4], &ignored[5], &locked)
 		err := errors.Join(errBegin, errSettings, errRelease, errLocks, br.Close())
 		if err == nil && released == 1 && locked {
 			p.ss.staged, p.ss.stagedBy, staged = true, p, true
@@ -276,7 +288,7 @@ func (p *advisoryPrepared) Stage(ctx context.Context, reason leader.GrantReason,
 			err = nil // a fenced transaction locks the row: not staged
 		}
 		if err == nil {
-			p.notStaged("a fenced transaction locks the lease row, or holds the name's staged lock")
+			p.notStaged("a fenced transaction locks the lease row, or holds the name's staged lock, or the schema's fence function is older than staged releases (run Migrate)")
 		}
 		return err
 	})
@@ -307,12 +319,11 @@ func (p *advisoryPrepared) stale() bool {
 	return p.staged && time.Since(p.stagedAt) > p.stagedHold/2
 }
 
-// ended reports whether p's Commit or Abort has begun.
-func (p *advisoryPrepared) ended() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return !p.open
-}
+// abandon records that p's Commit or Abort ended without reaching its
+// session (its context ended while it waited for the session's turn), so
+// that the release stays staged on the session: the session's next call
+// drops it (see session.run).
+func (p *advisoryPrepared) abandon() { p.abandoned.Store(true) }
 
 // end marks p ended, and reports whether it was open.
 func (p *advisoryPrepared) end() bool {
@@ -364,7 +375,7 @@ func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason
 	}
 	h := &reservation{to: p.successor, reason: reason, hold: hold, staged: staged}
 	if staged {
-		h.session = p.ss
+		h.stager = p
 	}
 	if p.waited {
 		// The release's pipeline sleeps before it frees the mark, and
@@ -399,7 +410,9 @@ func (p *advisoryPrepared) Abort() {
 	if staged {
 		do = func(fn func(conn *pgx.Conn) error) error { return p.ss.doStaged(ctx, s, fn) }
 	}
+	reached := false
 	err := do(func(conn *pgx.Conn) error {
+		reached = true
 		if err := p.rollBackOn(ctx, conn); err != nil {
 			return err
 		}
@@ -410,6 +423,9 @@ func (p *advisoryPrepared) Abort() {
 		}
 		return err
 	})
+	if staged && !reached {
+		p.abandon()
+	}
 	if err != nil && !errors.Is(err, errNotHeld) && !errors.Is(err, errSessionGone) {
 		s.opts.Logger.Debug("aborting a prepared handover failed; its successor waits until its lock_timeout",
 			slog.String("name", p.name), slog.Any("error", err))
@@ -420,7 +436,15 @@ func (p *advisoryPrepared) Abort() {
 func (p *advisoryPrepared) unstage(ctx context.Context) error {
 	ctx, cancel := p.s.opts.bound(ctx)
 	defer cancel()
-	return p.ss.doStaged(ctx, p.s, func(conn *pgx.Conn) error { return p.rollBackOn(ctx, conn) })
+	reached := false
+	err := p.ss.doStaged(ctx, p.s, func(conn *pgx.Conn) error {
+		reached = true
+		return p.rollBackOn(ctx, conn)
+	})
+	if !reached {
+		p.abandon()
+	}
+	return err
 }
 
 // rollBackOn rolls back p's release if it is staged on conn, p.ss's

@@ -57,10 +57,10 @@ type reservation struct {
 	// advisoryPrepared.Stage): the release unlocks and commits it (see
 	// commitStagedOn).
 	staged bool
-	// session is the session on which the release is staged, if staged
-	// is set: its Commit uses it whatever the session's state, so as
-	// never to leave it staged.
-	session *session
+	// stager is the prepared handover whose release is staged, if
+	// staged is set: its Commit uses its session whatever the session's
+	// state, so as never to leave it staged.
+	stager *advisoryPrepared
 }
 
 // release frees the lease of name held by token under term on its
@@ -71,6 +71,9 @@ func (s *AdvisoryStore) release(ctx context.Context, name, token string, term ui
 	defer cancel()
 	const op = "release"
 	if err := ctx.Err(); err != nil {
+		if h != nil && h.staged {
+			h.stager.abandon() // the session's next call drops it
+		}
 		return fmt.Errorf("postgres: %s: %w", call(op, name), err)
 	}
 	lost := fmt.Errorf("postgres: %s %q term %d: %w", op, name, term, leader.ErrLeaseLost)
@@ -80,7 +83,7 @@ func (s *AdvisoryStore) release(ctx context.Context, name, token string, term ui
 	staged := h != nil && h.staged
 	ss := s.heldSession(name, token, term)
 	if staged {
-		ss = h.session
+		ss = h.stager.ss
 	}
 	if ss == nil {
 		return lost
@@ -89,7 +92,9 @@ func (s *AdvisoryStore) release(ctx context.Context, name, token string, term ui
 	if staged {
 		do = func(fn func(conn *pgx.Conn) error) error { return ss.doStaged(ctx, s, fn) }
 	}
+	reached := false // fn ran: the session's staged state was dealt with
 	err := do(func(conn *pgx.Conn) error {
+		reached = true
 		if staged && (!ss.staged || !ss.heldUnder(term)) {
 			// The staged transaction is gone, or the lease with it:
 			// close the session, which ends whatever is left.
@@ -128,8 +133,14 @@ func (s *AdvisoryStore) release(ctx context.Context, name, token string, term ui
 		ss.release()
 		return nil
 	})
+	if staged && !reached {
+		h.stager.abandon() // the session's next call drops it
+	}
 	switch {
 	case err == nil:
+		if staged {
+			s.stagedCommits.Add(1)
+		}
 		if h != nil {
 			s.handedOver(name, &handoff{token: h.to.Token, until: time.Now().Add(h.hold)})
 		}
@@ -315,7 +326,7 @@ func (s *AdvisoryStore) commitStagedOn(ctx context.Context, conn *pgx.Conn, name
 	p := conn.PgConn().StartPipeline(ctx)
 	sendPrepared(p, stagedUnlock, unlock, errUnlock,
 		[][]byte{strconv.AppendInt(nil, key, 10), strconv.AppendInt(nil, handoverClass, 10), strconv.AppendInt(nil, int64(s.handoverKey(name)), 10),
-			strconv.AppendInt(nil, s.opts.fenceKey(name), 10)})
+			strconv.AppendInt(nil, s.opts.fenceKey(name), 10), []byte(commitWait(ctx))})
 	p.SendQueryParams("COMMIT", nil, nil, nil, nil)
 	p.SendPipelineSync()
 	p.SendQueryParams(`SELECT pg_sleep($1::float8)`, [][]byte{[]byte(strconv.FormatFloat(h.markAfter.Seconds(), 'f', -1, 64))}, nil, nil, nil)

@@ -107,12 +107,12 @@ func (s *AdvisoryStore) heldSession(name, token string, term uint64) *session {
 // and the error wraps errSessionDropped.
 //
 // While a handover's release is staged on the session, do returns
-// errStaged without running fn (see doStaged); but once the handover has
-// ended (its Commit or Abort began, and left the release staged: its
-// context ended while it waited for the session, say), do drops the
-// session, which rolls the staged release back and frees the lease, and
-// returns an error wrapping errSessionDropped, so that a session is never
-// left staged for good.
+// errStaged without running fn (see doStaged); but once the handover's
+// Commit or Abort has ended without reaching the session (its context
+// ended while it waited for the session's turn; see
+// advisoryPrepared.abandon), do drops the session, which rolls the staged
+// release back and frees the lease, and returns an error wrapping
+// errSessionDropped, so that a session is never left staged for good.
 func (ss *session) do(ctx context.Context, s *AdvisoryStore, connect bool, fn func(conn *pgx.Conn) error) error {
 	return ss.run(ctx, s, connect, false, fn)
 }
@@ -152,7 +152,7 @@ func (ss *session) run(ctx context.Context, s *AdvisoryStore, connect, staged bo
 		ss.conn = conn
 	}
 	var err error
-	if ss.staged && !staged && ss.stagedBy != nil && ss.stagedBy.ended() {
+	if ss.staged && !staged && ss.stagedBy != nil && ss.stagedBy.abandoned.Load() {
 		ss.drop()
 		err = fmt.Errorf("%w (%w)", errStaged, errSessionDropped)
 	} else if ss.staged && !staged {

@@ -19,7 +19,7 @@ type advisoryStatements struct {
 	// unlockHandedOver: see unlockHandedOver. releaseHandedOver,
 	// releaseGranting, claimLock, claimRow and dropHolder: see
 	// newAdvisoryStatements.
-	unlockHandedOver, releaseHandedOver, releaseGranting, claimLock, claimRow, dropHolder string
+	unlockHandedOver, releaseHandedOver, releaseGranting, releaseGrantingStaged, claimLock, claimRow, dropHolder string
 }
 
 // unlockHandedOver is the second statement of a prepared handover's
@@ -224,11 +224,11 @@ WITH rs AS MATERIALIZED (
 	SELECT ` + holderSettings("$6", "$7", "$8") + ` FROM granted
 ), durable AS (
 	SELECT ` + durableCommit + ` FROM granted
-), {enlist}, cur AS (
+), {fence}, {enlist}, cur AS (
 	{cur}
 )
 SELECT lk.got, g.term, g.acquired_at, (SELECT name FROM other),
-	(SELECT count(*) FROM armed) + (SELECT count(*) FROM durable),
+	(SELECT count(*) FROM armed) + (SELECT count(*) FROM durable) + (SELECT count(*) FROM fenced),
 	c.term, c.holder_id, c.acquired_at, coalesce(c.held, false), coalesce(c.remaining, interval '0'),
 	{locked},
 	coalesce((SELECT unreleased FROM previous), false), (SELECT holder_pid FROM previous), (SELECT term FROM previous),
@@ -278,7 +278,11 @@ func newAdvisoryStatements(opts Options) advisoryStatements {
 		"{grant}", grantPayload, "{freed}", freedPayload,
 		"{dropped}", dropHolderCandidate(opts.qualifiedCandidateTable(), "$2"),
 		"{first}", firstCandidate(opts.qualifiedCandidateTable(), "r.name", "$2"),
-		"{dibs}", dibsPayload, "{channel}", candidateChannelSQL("$8")).Replace
+		"{dibs}", dibsPayload, "{channel}", candidateChannelSQL("$8"),
+		"{fence}", fenceAfterGrant(opts)).Replace
+	// rgFill fills in releaseGranting's names.
+	rgFill := strings.NewReplacer("{t}", table, "{s}", strategies,
+		"{ep}", epochCTEs(opts.qualifiedEpochTable(), "(SELECT x.ttl FROM "+table+" AS x WHERE x.name = $1)")).Replace
 	// released is the first CTE of the release statements: it frees the
 	// lease that the session holds under the token and the term, and
 	// records the reservation, if any.
@@ -415,8 +419,9 @@ WITH granted AS (
 	SELECT pg_notify($8, {grant}) FROM granted
 ), durable AS (
 	SELECT ` + durableCommit + ` FROM granted
-)
+), {fence}
 SELECT g.term, g.acquired_at, (SELECT count(*) FROM armed) + (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable)
+	+ (SELECT count(*) FROM fenced)
 FROM granted AS g`),
 
 		// Renew, the heartbeat, on the holder's session: $1 name, $2 token,
@@ -581,32 +586,17 @@ SELECT (SELECT count(*) FROM released), false`),
 		// statement. Committed durably when it grants (durableCommit):
 		// the successor leads under the term it wrote. Returns 1 if
 		// released, and whether it granted.
-		releaseGranting: strings.NewReplacer("{t}", table, "{s}", strategies,
-			"{ep}", epochCTEs(opts.qualifiedEpochTable(), "(SELECT x.ttl FROM "+table+" AS x WHERE x.name = $1)")).Replace(`
-WITH st AS MATERIALIZED (
-	SELECT s.term_floor FROM {s} AS s WHERE s.name = $1 AND s.strategy = 'advisory' AND $8::int4 IS NOT NULL FOR KEY SHARE
-), {ep}, pre AS MATERIALIZED (
-	SELECT greatest(st.term_floor, ep.floor) AS floor FROM st, ep WHERE ep.ok
-), released AS (
-	UPDATE {t} AS a
-	SET (term, holder_token, holder_id, holder_pid, ttl, acquired_at, released_at, priority, reason, ` + clearedTransfer + `) = (
-		CASE WHEN p.floor IS NULL THEN a.term ELSE greatest(a.term, p.floor) + 1 END,
-		CASE WHEN p.floor IS NULL THEN NULL ELSE $4 END,
-		CASE WHEN p.floor IS NULL THEN '' ELSE $5 END,
-		CASE WHEN p.floor IS NULL THEN NULL ELSE $8::int4 END,
-		CASE WHEN p.floor IS NULL THEN NULL ELSE a.ttl END,
-		CASE WHEN p.floor IS NULL THEN NULL ELSE c.now END,
-		c.now,
-		CASE WHEN p.floor IS NULL THEN a.priority ELSE $9::int4 END,
-		CASE WHEN p.floor IS NULL THEN a.reason ELSE $6 END,
-		NULL, NULL, NULL, $4, $5, $6, c.now + $7::bigint * interval '1 microsecond')
-	FROM clock_timestamp() AS c(now) LEFT JOIN pre AS p ON true
-	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
-	RETURNING a.name, p.floor IS NOT NULL AS granted
-), durable AS (
-	SELECT ` + durableCommit + ` FROM released AS r WHERE r.granted
-)
-SELECT (SELECT count(*) FROM released), coalesce((SELECT r.granted FROM released AS r), false) AND EXISTS (SELECT FROM durable)`),
+		//
+		// It takes the name's fence lock once it has granted (see
+		// fenceAfterGrant), unless staged (releaseGrantingStaged, whose
+		// commit takes it).
+		releaseGranting: rgFill(releaseGranting("pg_advisory_xact_lock(" + stageKeySQL(fenceKeyPrefix, opts.qualifiedTable(), "$1") + ")")),
+
+		// releaseGranting as a staged release runs it (see
+		// advisoryPrepared.Stage): without the fence lock, which the
+		// staged release's commit takes (stagedUnlock), as it must not be
+		// held while the old leader's OnDemoted runs.
+		releaseGrantingStaged: rgFill(releaseGranting("true")),
 
 		// Claim lock, the statement that a prepared handover's successor
 		// runs once it has the handover's lock (see grantAfterHandover),
@@ -743,4 +733,36 @@ SELECT c.term, c.holder_id, c.acquired_at, c.held, c.remaining, c.priority, c.re
 	r.request_to, r.request_reason, r.request_left, c.successor_id, c.reserved_left, coalesce(r.recorded, false)
 FROM cur AS c LEFT JOIN req AS r ON true`),
 	}
+}
+
+// releaseGranting returns advisoryStatements.releaseGranting, with lock
+// the SQL expression evaluated once it has granted: the fence lock's
+// (see fenceAfterGrant), or true for the staged variant.
+func releaseGranting(lock string) string {
+	return `WITH st AS MATERIALIZED (
+	SELECT s.term_floor FROM {s} AS s WHERE s.name = $1 AND s.strategy = 'advisory' AND $8::int4 IS NOT NULL FOR KEY SHARE
+), {ep}, pre AS MATERIALIZED (
+	SELECT greatest(st.term_floor, ep.floor) AS floor FROM st, ep WHERE ep.ok
+), released AS (
+	UPDATE {t} AS a
+	SET (term, holder_token, holder_id, holder_pid, ttl, acquired_at, released_at, priority, reason, ` + clearedTransfer + `) = (
+		CASE WHEN p.floor IS NULL THEN a.term ELSE greatest(a.term, p.floor) + 1 END,
+		CASE WHEN p.floor IS NULL THEN NULL ELSE $4 END,
+		CASE WHEN p.floor IS NULL THEN '' ELSE $5 END,
+		CASE WHEN p.floor IS NULL THEN NULL ELSE $8::int4 END,
+		CASE WHEN p.floor IS NULL THEN NULL ELSE a.ttl END,
+		CASE WHEN p.floor IS NULL THEN NULL ELSE c.now END,
+		c.now,
+		CASE WHEN p.floor IS NULL THEN a.priority ELSE $9::int4 END,
+		CASE WHEN p.floor IS NULL THEN a.reason ELSE $6 END,
+		NULL, NULL, NULL, $4, $5, $6, c.now + $7::bigint * interval '1 microsecond')
+	FROM clock_timestamp() AS c(now) LEFT JOIN pre AS p ON true
+	WHERE a.name = $1 AND a.holder_token = $2 AND a.term = $3 AND a.holder_pid = pg_backend_pid()
+	RETURNING a.name, p.floor IS NOT NULL AS granted
+), durable AS (
+	SELECT ` + durableCommit + ` FROM released AS r WHERE r.granted
+), fenced AS MATERIALIZED (
+	SELECT ` + lock + ` FROM durable
+)
+SELECT (SELECT count(*) FROM released), coalesce((SELECT r.granted FROM released AS r), false) AND EXISTS (SELECT FROM fenced)`
 }

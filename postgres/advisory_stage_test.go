@@ -254,6 +254,73 @@ func TestAdvisoryStagedHandover(t *testing.T) {
 			t.Fatalf("the successor's Acquire: %+v granted %v err %v; want bob granted term %d", r.lease, r.granted, r.err, l.Term+1)
 		}
 	})
+	t.Run("declined while a transaction holds the staged lock", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.NewPool(t)
+		a := setupAdvisory(t, pool, Options{})
+		succ := setupAdvisory(t, pool, Options{})
+		alice, bob := candidate("alice"), candidate("bob")
+		l := mustGrant(t, a, "sl", alice, ttl)
+		done := acquireOnNotice(t, succ, "sl", bob, ttl)
+		hp, err := a.PrepareHandover(callCtx(t), "sl", alice.Token, l.Term, bob, 10*time.Second)
+		if err != nil {
+			t.Fatalf("PrepareHandover: %v", err)
+		}
+		p := hp.(*advisoryPrepared)
+		ctx := callCtx(t)
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", a.opts.stagedKey("sl")); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil || p.staged {
+			t.Fatalf("Stage while the staged lock is held: staged %v, %v; want it declined", p.staged, err)
+		}
+		tx.Rollback(ctx)
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		if r := await(t, done); r.err != nil || !r.granted || r.lease.Term != l.Term+1 {
+			t.Fatalf("the successor's Acquire: %+v granted %v err %v; want term %d", r.lease, r.granted, r.err, l.Term+1)
+		}
+	})
+	t.Run("a fenced write while staged holds up the grant of a late commit", func(t *testing.T) {
+		// The late Commit rolls the staged release back and releases
+		// afresh; that release's grant waits for the fenced transaction
+		// that judged the row while staged (fenceAfterGrant).
+		t.Parallel()
+		const hold = 400 * time.Millisecond
+		a, _, p, l, _, done := stagedWith(t, "lf", hold)
+		ctx := callCtx(t)
+		tx, err := a.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if err := Fence(ctx, tx, a.opts, "lf", l.Term); err != nil {
+			t.Fatalf("Fence while staged: %v", err)
+		}
+		time.Sleep(hold/2 + 50*time.Millisecond)
+		committed := make(chan error, 1)
+		go func() { committed <- p.Commit(callCtx(t), leader.GrantTransfer, hold) }()
+		select {
+		case r := <-done:
+			t.Fatalf("the successor was granted while a fenced transaction of the old term was open: %+v", r)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("committing the fenced transaction: %v", err)
+		}
+		if err := <-committed; err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		if r := await(t, done); r.err != nil || !r.granted || r.lease.Term != l.Term+1 {
+			t.Fatalf("the successor's Acquire: %+v granted %v err %v; want term %d", r.lease, r.granted, r.err, l.Term+1)
+		}
+	})
 	t.Run("committed late", func(t *testing.T) {
 		// A Commit later than half of the hold after Stage rolls the
 		// staged release back and releases then: the grant is Commit's.

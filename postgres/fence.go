@@ -57,12 +57,16 @@ const FenceSQLState = "LF001"
 // A handover's release that is staged (see "Staged handovers" in the
 // package documentation) holds the lease row's lock from before the old
 // leader's OnDemoted until its commit after it; the function then judges
-// the row's committed version without waiting for that lock, and holds
-// the name's fence lock, which the release's commit waits for: the old
-// term's fenced writes in OnDemoted neither wait for their own release
-// nor commit after it.
+// the row's committed version without waiting for that lock (FOR KEY
+// SHARE), and holds the name's fence lock in shared mode, which the
+// release's commit waits for, and so does every grant, once it has
+// written the row: the old term's fenced writes in OnDemoted neither wait
+// for their own release nor commit after any later grant, however the
+// staged release ends.
 //
-// While tx is open, a takeover of the lease waits for it, and so do a
+// While tx is open, a takeover of the lease waits for it (for the row's
+// lock, or for the fence lock when tx fenced while a release was
+// staged), and, unless tx fenced while a release was staged, so do a
 // release and a renewal that writes the lease row: the lease strategy's
 // Electors renew in heartbeats (RenewBatch), which write it only in the
 // first round after a grant (the heartbeat row is never locked), and the

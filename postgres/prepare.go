@@ -104,31 +104,39 @@ const handoverStagedUnlockStmt = "leader_handover_staged_unlock"
 // stageLocksLease is the statement of a staged release (see
 // preparedHandover.Stage) after the release, in its transaction: $1 and
 // $2 the handover lock's two int4 keys, $3 the name's staged key, $4 the
-// transaction's idle_in_transaction_session_timeout. It takes the
+// transaction's idle_in_transaction_session_timeout, $5 the fence
+// function's signature (see stagedFenceSQL). It takes the
 // handover's lock again at transaction level, at once (the session holds
 // it already), so that Commit's unlock of the session's hold
 // (stagedUnlockLease) does not free it before the COMMIT; lifts the
 // transaction's lock_timeout and statement_timeout, so that the commit
 // waits for the fenced transactions that hold the name's fence lock; and
-// tries the name's staged lock (see stagedKeyPrefix), returning whether it
-// took it. The idle timeout ends the transaction, and the connection, if
+// tries the name's staged lock (see stagedKeyPrefix) and checks the fence
+// function, returning whether both hold; client_connection_check_interval
+// (PostgreSQL 14 and later) ends the commit's wait for the fence lock if
+// the client went. The idle timeout ends the transaction, and the connection, if
 // neither Commit nor Abort comes (the handover's process gone without a
 // word): the lease row is not held locked past it, and the lease itself
 // stays as it was, held by the holder, who no longer renews it.
 const stageLocksLease = `SELECT pg_advisory_xact_lock($1::int4, $2::int4),
 	set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true),
 	set_config('idle_in_transaction_session_timeout', $4, true),
-	pg_try_advisory_xact_lock($3::bigint)`
+	CASE WHEN current_setting('server_version_num')::int >= 140000
+		THEN set_config('client_connection_check_interval', '100', true) END,
+	pg_try_advisory_xact_lock($3::bigint) AND ` + stagedFenceSQL
 
 // stagedUnlockLease is the first statement of a staged release's commit
 // (see preparedHandover.Commit): $1 and $2 the handover lock's two int4
-// keys, $3 the name's fence key. It takes the name's fence lock, waiting
+// keys, $3 the name's fence key, $4 how long it may wait for it
+// (lock_timeout; see commitWait). It takes the name's fence lock, waiting
 // for every fenced transaction that judged the row while the release was
 // staged, and then unlocks the session's hold of the handover's lock (the
 // transaction's own hold keeps it until the COMMIT); it returns whether it
 // unlocked it.
-const stagedUnlockLease = `WITH fence AS MATERIALIZED (
-	SELECT pg_advisory_xact_lock($3::bigint)
+const stagedUnlockLease = `WITH wait AS MATERIALIZED (
+	SELECT set_config('lock_timeout', $4, true)
+), fence AS MATERIALIZED (
+	SELECT pg_advisory_xact_lock($3::bigint) FROM wait
 )
 SELECT pg_advisory_unlock($1::int4, $2::int4) FROM fence`
 
@@ -190,12 +198,11 @@ func (p *preparedHandover) Stage(ctx context.Context, reason leader.GrantReason,
 	if statementTimeout < time.Millisecond {
 		return p.notStaged("no time left")
 	}
-	ctx, cancel := s.opts.bound(context.WithoutCancel(ctx))
+	// The preparation's connection holds no lease: closing it when ctx
+	// ends frees only the handover's lock, and rolls the release back.
+	ctx, cancel := context.WithTimeout(ctx, statementTimeout+time.Second)
 	defer cancel()
 	what := fmt.Sprintf("stage the release of %q term %d to %s", p.name, p.term, p.successor.ID)
-	if !s.fenceOrdersStaged.ok(ctx, s.pool, s.opts) {
-		return p.notStaged("the schema's fence function is older than staged releases: run Migrate")
-	}
 	conn := p.conn.Conn()
 	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		if _, err := conn.Prepare(ctx, handoverStagedUnlockStmt, stagedUnlockLease); err != nil {
@@ -207,17 +214,18 @@ func (p *preparedHandover) Stage(ctx context.Context, reason leader.GrantReason,
 	b.Queue(stageSettings, strconv.FormatInt(stageLockWait.Milliseconds(), 10), strconv.FormatInt(max(statementTimeout.Milliseconds(), 1), 10))
 	b.Queue(s.sql.releaseGranting, p.name, p.token, int64(p.term), p.successor.Token, p.successor.ID, string(reason),
 		int32(p.successor.Priority), interval(ttl))
-	b.Queue(stageLocksLease, int32(handoverClass), p.key, s.opts.stagedKey(p.name), strconv.FormatInt(max(hold.Milliseconds(), 1), 10))
+	b.Queue(stageLocksLease, int32(handoverClass), p.key, s.opts.stagedKey(p.name), strconv.FormatInt(max(hold.Milliseconds(), 1), 10),
+		stagedFenceSignature(s.opts))
 	br := conn.SendBatch(ctx, b)
 	_, errBegin := br.Exec()
 	_, errSettings := br.Exec()
 	var (
 		granted, durable int64
 		locked           bool
-		ignored          [4]any
+		ignored          [5]any
 	)
 	errRelease := br.QueryRow().Scan(&granted, &durable)
-	errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &locked)
+	errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4], &locked)
 	err := errors.Join(errBegin, errSettings, errRelease, errLocks, br.Close())
 	if err == nil && granted == 1 && locked {
 		p.staged, p.stagedReason, p.stagedHold, p.stagedAt = true, reason, hold, time.Now()
@@ -239,7 +247,7 @@ func (p *preparedHandover) Stage(ctx context.Context, reason leader.GrantReason,
 	case granted != 1:
 		return p.notStaged("the release granted nothing (the lease lost, or the strategy row or a failover's grace refused)")
 	default:
-		return p.notStaged("a fenced transaction holds the name's staged lock")
+		return p.notStaged("a fenced transaction holds the name's staged lock, or the schema's fence function is older than staged releases (run Migrate)")
 	}
 }
 
@@ -314,7 +322,7 @@ EXPLAIN (COSTS OFF) EXECUTE ` + handoverUnlockStmt + `(NULL, NULL)`
 // placeholders; a generic plan does not depend on them.
 const waitedAcquireWarmUp = `SET plan_cache_mode = force_generic_plan;
 EXPLAIN (COSTS OFF) EXECUTE ` + waitedAcquireStmt + `(NULL, NULL, NULL, NULL, NULL, NULL);
-EXPLAIN (COSTS OFF) EXECUTE ` + waitedClaimStmt + `(NULL, NULL)`
+EXPLAIN (COSTS OFF) EXECUTE ` + waitedClaimStmt + `(NULL, NULL, NULL)`
 
 // warmWaitedAcquire prepares waitedAcquireStmt on conn and has the
 // server plan it (waitedAcquireWarmUp), in a round trip before the
@@ -646,11 +654,20 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 		}
 		staged = false
 	}
+	if staged {
+		// Forgotten by the heartbeat only once committed: a heartbeat
+		// round's reconciliation would take the lease out from under it,
+		// and wait for the staged release's row lock meanwhile.
+		err := p.commitStaged(ctx, conn)
+		if err == nil {
+			s.stagedCommits.Add(1)
+		}
+		s.renewals.ended(p.name, p.token, int64(p.term))
+		s.beats.forget(p.name, p.token)
+		return err
+	}
 	s.renewals.ended(p.name, p.token, int64(p.term))
 	s.beats.forget(p.name, p.token)
-	if staged {
-		return p.commitStaged(ctx, conn)
-	}
 	args := [][]byte{[]byte(p.name), []byte(p.token), strconv.AppendUint(nil, p.term, 10), []byte(s.opts.Channel),
 		[]byte(p.successor.Token), []byte(p.successor.ID), []byte(reason),
 		fmt.Appendf(nil, "%d microseconds", interval(hold)/time.Microsecond)}
@@ -736,7 +753,7 @@ func (p *preparedHandover) commitStaged(ctx context.Context, conn *pgxpool.Conn)
 	s := p.s
 	what := fmt.Sprintf("release %q term %d to %s", p.name, p.term, p.successor.ID)
 	args := [][]byte{strconv.AppendInt(nil, handoverClass, 10), strconv.AppendInt(nil, int64(p.key), 10),
-		strconv.AppendInt(nil, s.opts.fenceKey(p.name), 10)}
+		strconv.AppendInt(nil, s.opts.fenceKey(p.name), 10), []byte(commitWait(ctx))}
 	prepared := conn.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
 	pl := conn.Conn().PgConn().StartPipeline(ctx)
 	if prepared {
@@ -845,7 +862,7 @@ func (s *LeaseStore) acquireWaiting(ctx context.Context, name string, c leader.C
 		return false, false, ctx.Err()
 	}
 	ran, errRow, err := waitThenRun(ctx, conn.Conn(), s.handoverKey(name), wait, nil, claim,
-		[]any{name, c.Token}, func(row pgx.Row) error { return row.Scan(dest...) })
+		[]any{name, c.Token, interval(ttl)}, func(row pgx.Row) error { return row.Scan(dest...) })
 	switch {
 	case err != nil && !ran && ctx.Err() == nil && !errors.Is(err, errWaitBatch):
 		// The ROLLBACK after a wait that ran out failed: the pool closes

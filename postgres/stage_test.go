@@ -202,6 +202,89 @@ func TestLeaseStagedHandover(t *testing.T) {
 		}
 		granted(t, succ, l.Term+1)
 	})
+	t.Run("declined while a transaction holds the staged lock", func(t *testing.T) {
+		// The staged lock alone, held in shared mode (as a fenced
+		// transaction holds it), declines the staging.
+		t.Parallel()
+		a, succ, p, l := prepared(t, "sl")
+		ctx := callCtx(t)
+		tx, err := a.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", a.store.opts.stagedKey("sl")); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil || p.staged {
+			t.Fatalf("Stage while the staged lock is held: staged %v, %v; want it declined", p.staged, err)
+		}
+		tx.Rollback(ctx)
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		granted(t, succ, l.Term+1)
+	})
+	t.Run("a fenced write while staged holds up the grant of a late commit", func(t *testing.T) {
+		// A fenced transaction that judged the row while the release was
+		// staged (FOR KEY SHARE) is not waited for by the row's lock: a
+		// release that is not the staged one's commit (here a Commit
+		// past half the hold, which rolls the staged release back and
+		// releases afresh) grants only once it has ended (fenceAfterGrant).
+		t.Parallel()
+		const hold = 400 * time.Millisecond
+		a, succ, p, l := staged(t, "lf", hold)
+		ctx := callCtx(t)
+		tx, err := a.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if err := Fence(ctx, tx, a.store.opts, "lf", l.Term); err != nil {
+			t.Fatalf("Fence while staged: %v", err)
+		}
+		time.Sleep(hold/2 + 50*time.Millisecond)
+		// Commit itself waits for the fenced transaction too (its
+		// deferred notice locks the row FOR UPDATE), as an unstaged one
+		// always did.
+		committed := make(chan error, 1)
+		go func() { committed <- p.Commit(callCtx(t), leader.GrantTransfer, hold) }()
+		time.Sleep(300 * time.Millisecond)
+		succ.notReturned(t, "while a fenced transaction of the old term was open")
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatalf("the fenced transaction: %v", err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("committing the fenced transaction: %v", err)
+		}
+		if err := <-committed; err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		granted(t, succ, l.Term+1)
+	})
+	t.Run("a successor with a longer TTL is not held to the holder's", func(t *testing.T) {
+		// The staged grant has the holder's TTL; a successor whose own
+		// is longer does not claim it, and is granted again for its own.
+		t.Parallel()
+		a := setup(t)
+		l := mustGrant(t, a.store, "ttl", alice, ttl)
+		succ := position(t, a, "ttl", bob, 2*ttl)
+		p := mustPrepare(t, a.store, "ttl", alice, l.Term, bob)
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil || !p.staged {
+			t.Fatalf("Stage: staged %v, %v", p.staged, err)
+		}
+		claimed := succ.b.store.stagedClaims.Load()
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		r := succ.result(t)
+		if !r.granted || r.lease.HolderID != "bob" || r.lease.Remaining <= ttl+ttl/2 {
+			t.Fatalf("the successor's Acquire: %+v granted %v; want bob granted for its own TTL, %v", r.lease, r.granted, 2*ttl)
+		}
+		if got := succ.b.store.stagedClaims.Load() - claimed; got != 0 {
+			t.Fatalf("the successor claimed %d staged grants of the holder's shorter TTL; want none", got)
+		}
+	})
 	t.Run("committed late", func(t *testing.T) {
 		t.Parallel()
 		const hold = 400 * time.Millisecond

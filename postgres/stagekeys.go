@@ -5,9 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"sync/atomic"
-
-	"github.com/jackc/pgx/v5/pgxpool"
+	"strconv"
+	"time"
 )
 
 // A staged release (see "Staged handovers" in the package documentation)
@@ -60,35 +59,54 @@ func stageKeySQL(prefix, table, name string) string {
 		`', 'hex') || convert_to(` + name + `, 'UTF8')), 'hex'), 16))::bit(64)::bigint`
 }
 
-// stagedFence remembers whether the schema's fence function orders
-// itself against staged releases (see stagedKeyPrefix): one from before
-// staged releases waits for the lease row's lock, which a staged release
-// holds until after OnDemoted, so a fenced write in OnDemoted would wait
-// for its own release. A store stages nothing until it has seen the
-// function's source take the staged lock; once seen, it does not look
-// again (Migrate never puts an older function back).
-type stagedFence struct{ seen atomic.Bool }
+// stagedFenceSQL is true if the function whose signature is $5 (see
+// stagedFenceSignature) is a fence function that orders itself against
+// staged releases (see stagedKeyPrefix): one from before staged releases
+// waits for the lease row's lock, which a staged release holds until after
+// OnDemoted, so a fenced write in OnDemoted would wait for its own
+// release. A staged release's statement after its update (stageLocks,
+// stageLocksLease) checks it, so that a schema migrated by an older
+// version (a rollback, or a rollout of mixed versions) is never staged on.
+const stagedFenceSQL = `EXISTS (SELECT FROM pg_proc AS p
+	WHERE p.oid = to_regprocedure($5) AND p.prosrc LIKE '%pg_try_advisory_xact_lock_shared(%')`
 
-// stagedFenceSQL says whether the function $1 (its signature) takes the
-// staged lock.
-const stagedFenceSQL = `SELECT coalesce((SELECT p.prosrc LIKE '%pg_try_advisory_xact_lock_shared(%' FROM pg_proc AS p
-	WHERE p.oid = to_regprocedure($1)), false)`
-
-// ok reports whether the fence function of opts orders itself against
-// staged releases, asking the server on pool until it has said so once. A
-// failed look says no.
-func (f *stagedFence) ok(ctx context.Context, pool *pgxpool.Pool, opts Options) bool {
-	if f.seen.Load() {
-		return true
-	}
-	var yes bool
-	if err := pool.QueryRow(ctx, stagedFenceSQL, opts.qualifiedFenceFunction()+"(text, bigint)").Scan(&yes); err != nil || !yes {
-		return false
-	}
-	f.seen.Store(true)
-	return true
+// stagedFenceSignature is the signature of the fence function of opts,
+// for stagedFenceSQL.
+func stagedFenceSignature(opts Options) string {
+	return opts.qualifiedFenceFunction() + "(text, bigint)"
 }
 
 // isLockTimeout reports whether err is a statement's lock_timeout running
 // out (SQLSTATE 55P03, lock_not_available).
 func isLockTimeout(err error) bool { return sqlState(err) == "55P03" }
+
+// fenceAfterGrant returns the CTE "fenced" of a grant statement, whose
+// CTE "granted" writes the row of the name $1 that it grants: once
+// granted, it takes the name's fence lock, which a fenced transaction that
+// judged the row while a release was staged holds in shared mode (see
+// stagedKeyPrefix), so that the grant commits after it. Such a
+// transaction locked the row only FOR KEY SHARE, which the grant's update
+// does not wait for; if the staged release ended otherwise than by its
+// commit (rolled back: late, aborted, its session gone), the next grant
+// would not wait for the fenced transaction but for this lock. It is
+// taken after the row's update, so that a grant waiting for a staged
+// release's row lock does not hold it (the staged commit takes it). The
+// statement must read "fenced" for it to run.
+func fenceAfterGrant(opts Options) string {
+	return `fenced AS MATERIALIZED (
+	SELECT pg_advisory_xact_lock(` + stageKeySQL(fenceKeyPrefix, opts.qualifiedTable(), "$1") + `) FROM granted LIMIT 1
+)`
+}
+
+// commitWait returns the lock_timeout of a staged release's wait for the
+// name's fence lock at its commit (stagedUnlock, stagedUnlockLease): what
+// ctx leaves, so that the server gives up when the client does (which
+// closes the connection, and the transaction with it), at least 1 ms; or
+// none (0) without a deadline.
+func commitWait(ctx context.Context) string {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return "0"
+	}
+	return strconv.FormatInt(max(time.Until(dl).Milliseconds(), 1), 10)
+}

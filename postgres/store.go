@@ -710,9 +710,6 @@ type LeaseStore struct {
 	renewals *renewBatcher
 	beats    beats
 	beatSQL  beatStatements
-	// fenceOrdersStaged: whether the fence function lets releases be
-	// staged (see stagedFence).
-	fenceOrdersStaged stagedFence
 	// sweepDue is set when a new heartbeat was made, and the next
 	// RenewBatch sweeps the heartbeats of gone processes (see sweep);
 	// sweepRefused says once that the role may not delete them.
@@ -731,6 +728,9 @@ type LeaseStore struct {
 	// which the successor's statement only read (claimStaged); tests
 	// read it.
 	stagedClaims atomic.Int64
+	// stagedCommits counts the staged releases committed here (see
+	// preparedHandover.Stage); tests read it.
+	stagedCommits atomic.Int64
 	// namedGrants counts the grants of Acquire calls that a release woke
 	// by name, by the grant of a released lease (see wakeups.named);
 	// tests read it.

@@ -260,14 +260,15 @@ WITH %[7]s, %[8]s, reserved AS MATERIALIZED (
 	SELECT %[2]s FROM granted
 ), durable AS (
 	SELECT %[4]s FROM granted
-), %[19]s, existing AS (
+), %[20]s, %[19]s, existing AS (
 	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, %[6]s AS expires_at, %[9]s
 	FROM %[1]s AS l
 	WHERE l.name = $1 AND NOT EXISTS (SELECT FROM reserved)
 	FOR UPDATE OF l
 )
 SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
-	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable), true, %[15]s
+	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable) + (SELECT count(*) FROM fenced),
+	true, %[15]s
 FROM granted AS g
 UNION ALL
 SELECT false, l.term, %[3]s, l.holder_id, l.acquired_at, nullif(l.expires_at, '-infinity'),
@@ -285,7 +286,8 @@ FROM reserved AS r`,
 		transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
 		grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
 		reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
-		enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}, false))
+		enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}, false),
+		fenceAfterGrant(opts))
 	// The statement of a released lease's grant: see the statements'
 	// comments below.
 	grantReleased := fmt.Sprintf(`
@@ -301,11 +303,13 @@ WITH %[2]s, %[3]s, granted AS (
 	SELECT $5::text FROM granted
 ), durable AS (
 	SELECT %[7]s FROM granted
-)
+), %[11]s
 SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
-	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable), true, %[8]s
+	g.expires_at - clock_timestamp(), (SELECT count(*) FROM notified) + (SELECT count(*) FROM durable) + (SELECT count(*) FROM fenced),
+	true, %[8]s
 FROM granted AS g`, table, strategyRow, epochCTEs(opts.qualifiedEpochTable(), "$4::interval"), clearedTransfer, clearedValues,
-		transferColumns("l"), durableCommit, transferNames("g"), grantReasonSQL("l", "$2", "false"), reservedForOther("l", "$2"))
+		transferColumns("l"), durableCommit, transferNames("g"), grantReasonSQL("l", "$2", "false"), reservedForOther("l", "$2"),
+		fenceAfterGrant(opts))
 	// The staged release that grants: see the statements' comments below.
 	releaseGranting := fmt.Sprintf(`
 WITH %[2]s, %[3]s, granted AS (
@@ -343,18 +347,22 @@ SELECT (SELECT count(*) FROM granted), (SELECT count(*) FROM durable)`, table,
 		// Returns the count of leases granted (1 or 0), and 1 if durable.
 		releaseGranting: releaseGranting,
 
-		// Claim of a staged grant: $1 name, $2 token. The successor's
-		// statement once it has the handover's lock (see
+		// Claim of a staged grant: $1 name, $2 token, $3 ttl. The
+		// successor's statement once it has the handover's lock (see
 		// acquireWaiting): if the row names this token as its holder,
 		// unexpired and on no heartbeat, a staged release granted it the
 		// lease (a candidate that waits is not the holder); it returns
 		// acquire's first branch's row for it, read, not written. No
-		// row otherwise: the caller runs grantReleased.
+		// row otherwise, nor when the grant's TTL (the old holder's) is
+		// shorter than ttl, on which the successor's Elector counts: the
+		// caller then runs grantReleased, and then acquire, which grants
+		// it again for ttl.
 		claimStaged: fmt.Sprintf(`
 SELECT true, l.term, true, l.holder_id, l.acquired_at, l.expires_at,
 	l.expires_at - clock_timestamp(), 0::bigint, true, %[2]s
 FROM %[1]s AS l
-WHERE l.name = $1 AND l.holder_token = $2 AND l.heartbeat IS NULL AND l.expires_at > clock_timestamp()`,
+WHERE l.name = $1 AND l.holder_token = $2 AND l.heartbeat IS NULL AND l.expires_at > clock_timestamp()
+	AND l.expires_at - l.acquired_at >= $3::interval`,
 			table, transferColumns("l")),
 
 		// Acquire: $1 name, $2 token, $3 candidate ID, $4 ttl, $5 channel,
