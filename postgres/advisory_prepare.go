@@ -145,8 +145,10 @@ const stageSettings = `SELECT set_config('lock_timeout', $1, true), set_config('
 // function orders itself against staged releases: it returns whether both
 // hold, and if not, Stage rolls back. As idle_session_timeout, which ends a
 // holder whose client went, counts only outside a transaction, it sets
-// idle_in_transaction_session_timeout to the same for this one; and it
-// lifts the transaction's lock_timeout and statement_timeout, so that
+// idle_in_transaction_session_timeout to the same for this one (and lifts
+// PostgreSQL 17's transaction_timeout, which a role may set: it would end
+// the session, and the lease, before OnDemoted has run); and it lifts the
+// transaction's lock_timeout and statement_timeout, so that
 // the commit waits for the fenced transactions that hold the name's fence
 // lock (as long as Commit's context allows: stagedUnlock sets the
 // lock_timeout, and client_connection_check_interval, PostgreSQL 14 and
@@ -156,6 +158,8 @@ const stageLocks = `SELECT pg_advisory_xact_lock($1::bigint), pg_advisory_xact_l
 	set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true),
 	CASE WHEN current_setting('server_version_num')::int >= 140000
 		THEN set_config('client_connection_check_interval', '100', true) END,
+	CASE WHEN current_setting('server_version_num')::int >= 170000
+		THEN set_config('transaction_timeout', '0', true) END,
 	pg_try_advisory_xact_lock($4::bigint) AND ` + stagedFenceSQL
 
 // stagedUnlock is the first statement of a staged release's commit (see
@@ -269,10 +273,10 @@ func (p *advisoryPrepared) Stage(ctx context.Context, reason leader.GrantReason,
 			released int64
 			granted  bool
 			locked   bool
-			ignored  [6]any
+			ignored  [7]any
 		)
 		errRelease := br.QueryRow().Scan(&released, &granted)
-		errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4], &ignored[5], &locked)
+		errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4], &ignored[5], &ignored[6], &locked)
 		err := errors.Join(errBegin, errSettings, errRelease, errLocks, br.Close())
 		if err == nil && released == 1 && locked {
 			p.ss.staged, p.ss.stagedBy, staged = true, p, true
@@ -369,7 +373,9 @@ func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason
 		// Committed now, the staged release would leave its reservation
 		// less than half of its hold: release as if unstaged instead.
 		if err := p.unstage(ctx); err != nil {
-			return fmt.Errorf("postgres: release %q term %d to %s: rolling back its staged release: %w: %w", p.name, p.term, p.successor.ID, leader.ErrLeaseLost, err)
+			// Not ErrLeaseLost: the Elector then releases with ReleaseTo,
+			// whose call on the session drops it if it is still staged.
+			return wrapError(ctx, fmt.Sprintf("release %q term %d to %s: rolling back its staged release", p.name, p.term, p.successor.ID), err)
 		}
 		staged = false
 	}

@@ -262,6 +262,48 @@ func TestLeaseStagedHandover(t *testing.T) {
 		}
 		granted(t, succ, l.Term+1)
 	})
+	t.Run("a second fence in a transaction that judged the row while staged", func(t *testing.T) {
+		// After the staged release was rolled back (a late commit) and a
+		// grant waits for this transaction's fence lock, a second Fence
+		// in it judges the row as the first did, without a FOR SHARE that
+		// would wait for that grant (a deadlock, which the server would
+		// break by failing the grant or the Fence).
+		t.Parallel()
+		const hold = 400 * time.Millisecond
+		a, succ, p, l := staged(t, "twice", hold)
+		ctx := callCtx(t)
+		tx, err := a.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if err := Fence(ctx, tx, a.store.opts, "twice", l.Term); err != nil {
+			t.Fatalf("Fence while staged: %v", err)
+		}
+		time.Sleep(hold/2 + 50*time.Millisecond)
+		committed := make(chan error, 1)
+		go func() { committed <- p.Commit(callCtx(t), leader.GrantTransfer, hold) }()
+		time.Sleep(300 * time.Millisecond) // the successor's grant waits for the fence lock
+		succ.notReturned(t, "while a fenced transaction of the old term was open")
+		// The late commit's release (no grant: it waits for no fence) has
+		// committed: the second Fence may find the term released, and
+		// refuse it; it must neither wait for the grant nor deadlock with
+		// it (SQLSTATE 40P01).
+		switch err := Fence(ctx, tx, a.store.opts, "twice", l.Term); {
+		case err == nil:
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatalf("committing the fenced transaction: %v", err)
+			}
+		case errors.Is(err, leader.ErrLeaseLost):
+			tx.Rollback(ctx)
+		default:
+			t.Fatalf("the second Fence: %v", err)
+		}
+		if err := <-committed; err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		granted(t, succ, l.Term+1)
+	})
 	t.Run("a successor with a longer TTL is not held to the holder's", func(t *testing.T) {
 		// The staged grant has the holder's TTL; a successor whose own
 		// is longer does not claim it, and is granted again for its own.

@@ -21,7 +21,9 @@ import (
 //   - the fence lock, which the fence function then takes in shared mode,
 //     and which the staged release's commit takes (exclusive) just before
 //     its COMMIT, so that it waits for every fenced transaction that
-//     judged the row while the release was staged.
+//     judged the row while the release was staged; and which every grant
+//     takes once it has written the row (fenceAfterGrant), so that it
+//     waits for them too, however the staged release ended.
 //
 // Each key is the first 8 bytes (big-endian, as a bigint) of the SHA-256
 // of a prefix, the lease table's quoted, schema-qualified name, a colon

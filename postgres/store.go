@@ -210,7 +210,8 @@
 // release before the commit: the row (and the lock) name the holder. The
 // LeaseStore's grant has the holder's TTL (the successor's first renewal
 // puts its own), so it stages only a lease whose TTL it knows: one it
-// granted or renewed. The Elector stages only when no renewal of the lease
+// granted or renewed; a successor whose own TTL is longer does not claim
+// it, and is granted the lease again, for its TTL, under the term after. The Elector stages only when no renewal of the lease
 // is in flight, since a renewal may write the row that the staged release
 // holds locked.
 //

@@ -9,8 +9,9 @@
 --
 -- It locks the name's row of the strategy table FOR KEY SHARE, so that no
 -- claim can move the name to the other strategy, then the lease row of the
--- name's strategy FOR SHARE, so that no grant can take it over, both until
--- the transaction ends; and only then judges the lease, on the server's
+-- name's strategy FOR SHARE, so that no grant can take it over (but for a
+-- staged release, below), both until the transaction ends; and only then
+-- judges the lease, on the server's
 -- clock, as the row's last committed version has it: held under term,
 -- unexpired (its own expiry or its heartbeat's) for the lease strategy, its
 -- lock held by the backend the row names for the advisory one. Otherwise it
@@ -32,8 +33,12 @@
 -- which, in a REPEATABLE READ transaction whose snapshot is older than a
 -- committed update, fails with SQLSTATE 40001 as FOR SHARE does), and
 -- otherwise FOR KEY SHARE, which an update that keeps the name does not
--- conflict with. Holding the staged lock in shared mode otherwise, it
--- keeps any release from being staged until the transaction ends (the
+-- conflict with; and every grant statement takes the fence lock once it
+-- has written the row, so that it too commits after this transaction,
+-- however the staged release ends (committed, or rolled back). A later
+-- call in the same transaction judges the same way (a transaction-local
+-- setting remembers it). Holding the staged lock in shared mode otherwise,
+-- it keeps any release from being staged until the transaction ends (the
 -- release only tries the lock, and is then committed unstaged).
 --
 -- The heartbeat row is read, not locked: every grant writes the lease row
@@ -56,14 +61,25 @@ DECLARE
     found_term     bigint;
     found_held     boolean;
     staged         boolean := false;
+    judged_staged  text := 'leader.fence_' || to_hex({{fence_key}});
 BEGIN
     SELECT s.strategy INTO found_strategy
     FROM {{strategy_table}} AS s WHERE s.name = $1
     FOR KEY SHARE OF s;
 
-    IF NOT pg_try_advisory_xact_lock_shared({{staged_key}}) THEN
+    IF coalesce(current_setting(judged_staged, true), '') = 'on' THEN
+        -- An earlier call in this transaction judged the name while a
+        -- release was staged, and holds the fence lock, which every grant
+        -- waits for: judged as then, whatever became of that release (a
+        -- FOR SHARE now would wait for a grant that waits for this
+        -- transaction).
+        staged := true;
+    ELSIF NOT pg_try_advisory_xact_lock_shared({{staged_key}}) THEN
         PERFORM pg_advisory_xact_lock_shared({{fence_key}});
         staged := NOT pg_try_advisory_xact_lock_shared({{staged_key}});
+        IF staged THEN
+            PERFORM set_config(judged_staged, 'on', true);
+        END IF;
     END IF;
 
     IF found_strategy = 'lease' THEN
