@@ -155,9 +155,7 @@ const stageSettings = `SELECT set_config('lock_timeout', $1, true), set_config('
 // later, ends a wait whose client went).
 const stageLocks = `SELECT pg_advisory_xact_lock($1::bigint), pg_advisory_xact_lock($2::int4, $3::int4),
 	set_config('idle_in_transaction_session_timeout', current_setting('idle_session_timeout'), true),
-	set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true),
-	CASE WHEN current_setting('server_version_num')::int >= 140000
-		THEN set_config('client_connection_check_interval', '100', true) END,
+	` + stagedTxnSettings + `,
 	CASE WHEN current_setting('server_version_num')::int >= 170000
 		THEN set_config('transaction_timeout', '0', true) END,
 	pg_try_advisory_xact_lock($4::bigint) AND ` + stagedFenceSQL

@@ -119,10 +119,8 @@ const handoverStagedUnlockStmt = "leader_handover_staged_unlock"
 // word): the lease row is not held locked past it, and the lease itself
 // stays as it was, held by the holder, who no longer renews it.
 const stageLocksLease = `SELECT pg_advisory_xact_lock($1::int4, $2::int4),
-	set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true),
 	set_config('idle_in_transaction_session_timeout', $4, true),
-	CASE WHEN current_setting('server_version_num')::int >= 140000
-		THEN set_config('client_connection_check_interval', '100', true) END,
+	` + stagedTxnSettings + `,
 	pg_try_advisory_xact_lock($3::bigint) AND ` + stagedFenceSQL
 
 // stagedUnlockLease is the first statement of a staged release's commit

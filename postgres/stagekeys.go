@@ -112,3 +112,15 @@ func commitWait(ctx context.Context) string {
 	}
 	return strconv.FormatInt(max(time.Until(dl).Milliseconds(), 1), 10)
 }
+
+// stagedTxnSettings are the transaction-local settings (three columns)
+// that a staged release's statement after its release sets (stageLocks,
+// stageLocksLease): no lock_timeout and no statement_timeout, so that its
+// commit waits for the fenced transactions that hold the name's fence
+// lock (as long as the commit's context allows: stagedUnlock and
+// stagedUnlockLease set the lock_timeout then), and
+// client_connection_check_interval (PostgreSQL 14 and later), so that the
+// server ends that wait if the client went.
+const stagedTxnSettings = `set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true),
+	CASE WHEN current_setting('server_version_num')::int >= 140000
+		THEN set_config('client_connection_check_interval', '100', true) END`
