@@ -448,7 +448,7 @@ func (s *AdvisoryStore) connect(ctx context.Context) (*pgx.Conn, error) {
 	// The session's statements are planned before its first attempt,
 	// which a released lease's successor makes as the handover's clock
 	// runs (see planAhead); best effort.
-	if err := planAhead(ctx, conn, []string{s.sql.grantQuick, s.sql.grant, s.sql.grantLocked, s.sql.release, s.sql.unlock, s.sql.namedUnlock, s.sql.namedMark, s.sql.unlockRest, s.sql.unlockHandedOver, s.sql.releaseHandedOver, s.sql.releaseGranting, s.sql.claimLock, s.sql.claimRow, s.sql.dropHolder}); err != nil {
+	if err := planAhead(ctx, conn, []string{s.sql.grantQuick, s.sql.grant, s.sql.grantLocked, s.sql.release, s.sql.unlock, s.sql.namedUnlock, s.sql.namedMark, s.sql.unlockRest, s.sql.unlockHandedOver, s.sql.releaseHandedOver, s.sql.releaseGranting, s.sql.claimLock, s.sql.claimRow, s.sql.dropHolder, s.sql.releaseGrantingStaged, stagedUnlock}); err != nil {
 		if ctx.Err() != nil {
 			closeConn(conn)
 			return nil, err

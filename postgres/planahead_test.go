@@ -122,7 +122,8 @@ func TestAdvisorySessionsPlanAhead(t *testing.T) {
 	wantPlannedAhead(t, conn, map[string]string{"grantQuick": s.sql.grantQuick, "grant": s.sql.grant,
 		"grantLocked": s.sql.grantLocked, "release": s.sql.release, "unlock": s.sql.unlock,
 		"namedUnlock": s.sql.namedUnlock, "namedMark": s.sql.namedMark, "unlockRest": s.sql.unlockRest,
-		"unlockHandedOver": s.sql.unlockHandedOver, "releaseHandedOver": s.sql.releaseHandedOver, "dropHolder": s.sql.dropHolder})
+		"unlockHandedOver": s.sql.unlockHandedOver, "releaseHandedOver": s.sql.releaseHandedOver, "dropHolder": s.sql.dropHolder,
+		"releaseGranting": s.sql.releaseGranting, "releaseGrantingStaged": s.sql.releaseGrantingStaged, "stagedUnlock": stagedUnlock})
 
 	waiter, err := s.connectWaiter(callCtx(t))
 	if err != nil {

@@ -310,7 +310,8 @@ const (
 const handoverWarmUp = `SET plan_cache_mode = force_generic_plan;
 EXPLAIN (COSTS OFF) EXECUTE ` + handoverReleaseStmt + `(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
 EXPLAIN (COSTS OFF) EXECUTE ` + handoverReleaseQuietStmt + `(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
-EXPLAIN (COSTS OFF) EXECUTE ` + handoverUnlockStmt + `(NULL, NULL)`
+EXPLAIN (COSTS OFF) EXECUTE ` + handoverUnlockStmt + `(NULL, NULL);
+EXPLAIN (COSTS OFF) EXECUTE ` + handoverStagedUnlockStmt + `(NULL, NULL, NULL, NULL)`
 
 // waitedAcquireWarmUp has the server plan waitedAcquireStmt, under
 // force_generic_plan (which the connection keeps, as for
@@ -429,6 +430,7 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 		{handoverSleepStmt, `SELECT pg_sleep($1)`},
 		{handoverNoticeStmt, s.sql.freedNotice},
 		{handoverDropStmt, s.sql.dropHolder},
+		{handoverStagedUnlockStmt, stagedUnlockLease},
 	} {
 		if _, err = conn.Conn().Prepare(ctx, st.name, st.sql); err != nil {
 			break

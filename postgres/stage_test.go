@@ -92,6 +92,30 @@ func TestLeaseStagedHandover(t *testing.T) {
 			t.Fatalf("alice's Renew after the commit: %v; want ErrLeaseLost", err)
 		}
 	})
+	t.Run("the commit's statement planned before the gap", func(t *testing.T) {
+		// PrepareHandover plans the staged commit's statement (a generic
+		// plan, kept with the prepared statement), so that the commit
+		// does not plan it between OnDemoted and the successor's grant.
+		t.Parallel()
+		_, _, p, _ := prepared(t, "plan")
+		conn := p.conn.Conn()
+		var version int
+		if err := conn.QueryRow(callCtx(t), "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+			t.Fatal(err)
+		}
+		if version < 140000 {
+			t.Skip("pg_prepared_statements.generic_plans is PostgreSQL 14's")
+		}
+		var plans int64
+		if err := conn.QueryRow(callCtx(t), "SELECT generic_plans FROM pg_prepared_statements WHERE name = $1",
+			handoverStagedUnlockStmt).Scan(&plans); err != nil {
+			t.Fatalf("the staged commit's statement on the preparation's connection: %v", err)
+		}
+		if plans < 1 {
+			t.Fatalf("the staged commit's statement has %d generic plans after PrepareHandover; want it planned", plans)
+		}
+		p.Abort()
+	})
 	t.Run("aborted", func(t *testing.T) {
 		t.Parallel()
 		a, succ, p, l := staged(t, "a", ttl)
