@@ -94,23 +94,17 @@ func (s *AdvisoryStore) PrepareHandover(ctx context.Context, name, token string,
 // prepared: the holder's session holds the lock on which the successor
 // waits, until Commit or Abort.
 type advisoryPrepared struct {
-	s           *AdvisoryStore
-	ss          *session
-	name, token string
-	term        uint64
-	successor   leader.Candidate
-	key         int32
-	waited      bool  // the successor waited when PrepareHandover returned
-	waiter      int32 // the backend PID of the one session that waited, if one alone did
-	mu          sync.Mutex
-	open        bool // neither committed nor aborted
-	// staged is set once Stage has run the release on the session, in a
-	// transaction left open, for stagedReason and stagedHold, at
-	// stagedAt; guarded by mu.
-	staged       bool
-	stagedReason leader.GrantReason
-	stagedHold   time.Duration
-	stagedAt     time.Time
+	s             *AdvisoryStore
+	ss            *session
+	name, token   string
+	term          uint64
+	successor     leader.Candidate
+	key           int32
+	waited        bool  // the successor waited when PrepareHandover returned
+	waiter        int32 // the backend PID of the one session that waited, if one alone did
+	mu            sync.Mutex
+	open          bool // neither committed nor aborted
+	stagedRelease      // guarded by mu
 	// abandoned: see abandon.
 	abandoned atomic.Bool
 }
@@ -297,7 +291,7 @@ func (p *advisoryPrepared) Stage(ctx context.Context, reason leader.GrantReason,
 	switch {
 	case err == nil:
 		if staged {
-			p.staged, p.stagedReason, p.stagedHold, p.stagedAt = true, reason, hold, time.Now()
+			p.stagedRelease = stagedRelease{true, reason, hold, time.Now()}
 		}
 		return nil
 	case errors.Is(err, errNotHeld), errors.Is(err, errSessionGone), errors.Is(err, errSessionDropped):
@@ -313,12 +307,6 @@ func (p *advisoryPrepared) notStaged(why string) error {
 	p.s.opts.Logger.Debug("a prepared handover's release is not staged; it is made at the commit",
 		slog.String("name", p.name), slog.String("why", why))
 	return nil
-}
-
-// stale reports whether a staged release, committed now, would leave its
-// reservation less than half of its hold (see Stage); guarded by p.mu.
-func (p *advisoryPrepared) stale() bool {
-	return p.staged && time.Since(p.stagedAt) > p.stagedHold/2
 }
 
 // abandon records that p's Commit or Abort ended without reaching its
@@ -358,11 +346,11 @@ func (p *advisoryPrepared) Commit(ctx context.Context, reason leader.GrantReason
 		return err
 	}
 	p.mu.Lock()
-	staged, stale, mismatch := p.staged, p.stale(), p.staged && (reason != p.stagedReason || hold != p.stagedHold)
+	staged, stale, mismatch := p.staged, p.stale(), p.mismatch(p.name, p.term, p.successor, reason, hold)
 	p.mu.Unlock()
-	if mismatch {
+	if mismatch != nil {
 		p.Abort()
-		return fmt.Errorf("postgres: release %q term %d to %s: committed for reason %q and hold %v, staged for %q and %v", p.name, p.term, p.successor.ID, reason, hold, p.stagedReason, p.stagedHold)
+		return mismatch
 	}
 	if !p.end() {
 		return fmt.Errorf("postgres: release %q term %d to %s: the prepared handover was committed or aborted already", p.name, p.term, p.successor.ID)

@@ -78,21 +78,15 @@ func handoverKeyOf(table, name string) int32 {
 // prepared: the connection that holds the advisory lock on which the
 // successor waits, until Commit or Abort.
 type preparedHandover struct {
-	s           *LeaseStore
-	name, token string
-	term        uint64
-	successor   leader.Candidate
-	key         int32
-	mu          sync.Mutex
-	conn        *pgxpool.Conn // nil once ended
-	waited      bool          // the successor waited when PrepareHandover returned
-	// staged is set once Stage has run the release on conn, in a
-	// transaction left open, for stagedReason and stagedHold, at
-	// stagedAt; guarded by mu.
-	staged       bool
-	stagedReason leader.GrantReason
-	stagedHold   time.Duration
-	stagedAt     time.Time
+	s             *LeaseStore
+	name, token   string
+	term          uint64
+	successor     leader.Candidate
+	key           int32
+	mu            sync.Mutex
+	conn          *pgxpool.Conn // nil once ended
+	waited        bool          // the successor waited when PrepareHandover returned
+	stagedRelease               // guarded by mu
 }
 
 var _ leader.HandoverStager = (*preparedHandover)(nil)
@@ -226,7 +220,7 @@ func (p *preparedHandover) Stage(ctx context.Context, reason leader.GrantReason,
 	errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4], &locked)
 	err := errors.Join(errBegin, errSettings, errRelease, errLocks, br.Close())
 	if err == nil && granted == 1 && locked {
-		p.staged, p.stagedReason, p.stagedHold, p.stagedAt = true, reason, hold, time.Now()
+		p.stagedRelease = stagedRelease{true, reason, hold, time.Now()}
 		return nil
 	}
 	if _, errRollback := conn.Exec(ctx, "ROLLBACK"); errRollback != nil {
@@ -265,13 +259,6 @@ func (s *LeaseStore) heldTTL(name, token string, term int64) (time.Duration, boo
 		return ttl, true
 	}
 	return s.renewals.ttlOf(name, token, term)
-}
-
-// stale reports whether a staged release, committed now, would leave the
-// grant less than half of the hold after Stage (see Stage); guarded by
-// p.mu.
-func (p *preparedHandover) stale() bool {
-	return p.staged && time.Since(p.stagedAt) > p.stagedHold/2
 }
 
 // handoverUnlock frees a prepared handover's lock: $1 handoverClass, $2
@@ -632,11 +619,11 @@ func (p *preparedHandover) Commit(ctx context.Context, reason leader.GrantReason
 		return err
 	}
 	p.mu.Lock()
-	staged, stale, mismatch := p.staged, p.stale(), p.staged && (reason != p.stagedReason || hold != p.stagedHold)
+	staged, stale, mismatch := p.staged, p.stale(), p.mismatch(p.name, p.term, p.successor, reason, hold)
 	p.mu.Unlock()
-	if mismatch {
+	if mismatch != nil {
 		p.Abort()
-		return fmt.Errorf("postgres: release %q term %d to %s: committed for reason %q and hold %v, staged for %q and %v", p.name, p.term, p.successor.ID, reason, hold, p.stagedReason, p.stagedHold)
+		return mismatch
 	}
 	conn := p.take()
 	if conn == nil {

@@ -5,8 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/leaderelect/leader"
 )
 
 // A staged release (see "Staged handovers" in the package documentation)
@@ -124,3 +127,30 @@ func commitWait(ctx context.Context) string {
 const stagedTxnSettings = `set_config('lock_timeout', '0', true), set_config('statement_timeout', '0', true),
 	CASE WHEN current_setting('server_version_num')::int >= 140000
 		THEN set_config('client_connection_check_interval', '100', true) END`
+
+// stagedRelease is what a prepared handover's Stage staged: set once it
+// ran the release in a transaction left open, for reason and hold, at at.
+type stagedRelease struct {
+	staged bool
+	reason leader.GrantReason
+	hold   time.Duration
+	at     time.Time
+}
+
+// stale reports whether the staged release, committed now, would leave
+// less than half of its hold behind it (its grant's and reservation's
+// times are Stage's): Commit then rolls it back and releases afresh.
+func (r stagedRelease) stale() bool {
+	return r.staged && time.Since(r.at) > r.hold/2
+}
+
+// mismatch returns the error of a Commit of the handover of name under
+// term to successor, for reason and hold, that are not those the release
+// was staged for; nil if they are, or nothing was staged.
+func (r stagedRelease) mismatch(name string, term uint64, successor leader.Candidate, reason leader.GrantReason, hold time.Duration) error {
+	if !r.staged || (reason == r.reason && hold == r.hold) {
+		return nil
+	}
+	return fmt.Errorf("postgres: release %q term %d to %s: committed for reason %q and hold %v, staged for %q and %v",
+		name, term, successor.ID, reason, hold, r.reason, r.hold)
+}
