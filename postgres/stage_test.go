@@ -351,6 +351,30 @@ func TestLeaseStagedHandover(t *testing.T) {
 			t.Fatalf("the successor claimed %d staged grants of the holder's shorter TTL; want none", got)
 		}
 	})
+	t.Run("another candidate's attempt while staged is refused without waiting", func(t *testing.T) {
+		// An attempt that finds the lease held in its snapshot refuses
+		// without locking the row: it does not wait for the staged
+		// release's row lock, to run beside the successor once the
+		// commit lets both go. It reports the holder its snapshot saw.
+		t.Parallel()
+		a, succ, p, l := staged(t, "other", ttl)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		carol := candidate("carol")
+		got, ok, err := a.store.Acquire(ctx, "other", carol, ttl)
+		if err != nil || ok || got.HolderID != "alice" || got.Term != l.Term || got.Remaining <= 0 {
+			t.Fatalf("carol's Acquire while staged: %+v granted %v, %v; want refused at once, alice's term %d", got, ok, err, l.Term)
+		}
+		succ.notReturned(t, "after carol's attempt")
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		granted(t, succ, l.Term+1)
+		got, ok, err = a.store.Acquire(callCtx(t), "other", carol, ttl)
+		if err != nil || ok || got.HolderID != "bob" || got.Term != l.Term+1 {
+			t.Fatalf("carol's Acquire after the commit: %+v granted %v, %v; want refused, bob's term %d", got, ok, err, l.Term+1)
+		}
+	})
 	t.Run("committed late", func(t *testing.T) {
 		t.Parallel()
 		const hold = 400 * time.Millisecond

@@ -234,6 +234,9 @@ SELECT count(*), coalesce(bool_or(targeted), false) FROM notified`, released, no
 	acquire := fmt.Sprintf(`
 WITH %[7]s, %[8]s, reserved AS MATERIALIZED (
 	SELECT l.term, %[9]s FROM %[1]s AS l WHERE l.name = $1 AND %[10]s
+), held AS MATERIALIZED (
+	SELECT l.term, l.holder_id, l.acquired_at, %[6]s AS expires_at, %[9]s
+	FROM %[1]s AS l WHERE l.name = $1 AND l.holder_token <> $2 AND %[6]s > clock_timestamp()
 ), killed AS (
 	UPDATE %[5]s AS h SET dead = true
 	FROM %[1]s AS k
@@ -243,7 +246,7 @@ WITH %[7]s, %[8]s, reserved AS MATERIALIZED (
 	INSERT INTO %[1]s AS l (name, term, holder_token, holder_id, acquired_at, renewed_at, expires_at, priority, reason)
 	SELECT $1, greatest(st.term_floor, ep.floor) + 1, $2, $3, c.now, c.now, c.now + $4::interval, $6, ''
 	FROM clock_timestamp() AS c(now), st, ep
-	WHERE ep.ok AND NOT EXISTS (SELECT FROM reserved)
+	WHERE ep.ok AND NOT EXISTS (SELECT FROM reserved) AND NOT EXISTS (SELECT FROM held)
 	ON CONFLICT (name) DO UPDATE
 	SET (term, holder_token, holder_id, acquired_at, renewed_at, expires_at, heartbeat, priority, reason, %[11]s) = (
 		SELECT greatest(l.term, st.term_floor, ep.floor) + 1, excluded.holder_token, excluded.holder_id, c.now, c.now, c.now + $4::interval, NULL,
@@ -263,7 +266,7 @@ WITH %[7]s, %[8]s, reserved AS MATERIALIZED (
 ), %[20]s, %[19]s, existing AS (
 	SELECT l.term, l.holder_token, l.holder_id, l.acquired_at, %[6]s AS expires_at, %[9]s
 	FROM %[1]s AS l
-	WHERE l.name = $1 AND NOT EXISTS (SELECT FROM reserved)
+	WHERE l.name = $1 AND NOT EXISTS (SELECT FROM reserved) AND NOT EXISTS (SELECT FROM held)
 	FOR UPDATE OF l
 )
 SELECT true, g.term, true, g.holder_id, g.acquired_at, g.expires_at,
@@ -280,14 +283,18 @@ SELECT false, 0::bigint, false, '', NULL::timestamptz, NULL::timestamptz, interv
 WHERE NOT EXISTS (SELECT FROM st) AND NOT EXISTS (SELECT FROM %[1]s AS l WHERE l.name = $1)
 UNION ALL
 SELECT false, r.term, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, EXISTS (SELECT FROM st), %[18]s
-FROM reserved AS r`,
+FROM reserved AS r
+UNION ALL
+SELECT false, h.term, h.expires_at > c.now, h.holder_id, h.acquired_at, h.expires_at,
+	greatest(h.expires_at - c.now, interval '0'), 0, EXISTS (SELECT FROM st), %[21]s
+FROM held AS h, clock_timestamp() AS c(now)`,
 		table, `$5::text`, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), strategyRow,
 		epochCTEs(opts.qualifiedEpochTable(), "$4::interval"),
 		transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
 		grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
 		reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
 		enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}, false),
-		fenceAfterGrant(opts))
+		fenceAfterGrant(opts), transferNames("h"))
 	// The statement of a released lease's grant: see the statements'
 	// comments below.
 	grantReleased := fmt.Sprintf(`
@@ -399,6 +406,20 @@ WHERE l.name = $1 AND l.holder_token = $2 AND l.heartbeat IS NULL AND l.expires_
 		// wakes besides the successor never hold up its grant on the
 		// row's lock. A reservation committed after the snapshot is
 		// judged by ON CONFLICT, on the row as it stands.
+		//
+		// Likewise a lease that another token holds, unexpired, in the
+		// statement's snapshot is not free: "held" finds it so, and then
+		// the statement neither inserts nor locks the row, and reports
+		// the holder from the snapshot (the fifth branch). So an attempt
+		// never waits for the row lock of a renewal or of a staged
+		// release (preparedHandover.Stage) in flight, to run beside the
+		// successor once the same commit lets them both go. A release
+		// committed after the snapshot is then reported as still held;
+		// its notice, sent at or after that commit, wakes the caller
+		// (Elector.Run watches before its first attempt), which costs it
+		// one more attempt, and a grant committed after the snapshot is
+		// reported as its predecessor's until the caller's next attempt,
+		// as for a grant made just after the statement.
 		//
 		// "st" locks the name's row of the strategy table (FOR KEY SHARE,
 		// which only a claim's FOR UPDATE waits for) if it names the lease

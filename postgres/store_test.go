@@ -459,9 +459,20 @@ func TestCallsHonourTheirContextWhileTheRowIsLocked(t *testing.T) {
 			_, err := s.Renew(ctx, "locked", alice.Token, l.Term, time.Minute)
 			return err
 		}},
-		{"acquire", func(ctx context.Context) error { _, _, err := s.Acquire(ctx, "locked", bob, time.Minute); return err }},
+		// The holder's own attempt locks the row; another candidate's
+		// is refused from its snapshot (below).
+		{"acquire", func(ctx context.Context) error { _, _, err := s.Acquire(ctx, "locked", alice, time.Minute); return err }},
 		{"release", func(ctx context.Context) error { return s.Release(ctx, "locked", alice.Token, l.Term) }},
 	}
+	t.Run("another candidate's acquire is refused without waiting", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		got, ok, err := s.Acquire(ctx, "locked", bob, time.Minute)
+		if err != nil || ok || got.HolderID != "alice" || got.Term != l.Term || got.Remaining <= 0 {
+			t.Fatalf("bob's Acquire on a locked row held by alice: %+v granted %v, %v; want refused at once, alice's term %d",
+				got, ok, err, l.Term)
+		}
+	})
 	for _, c := range calls {
 		t.Run(c.op+" returns promptly when its deadline passes", func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
