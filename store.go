@@ -82,8 +82,11 @@ type Store interface {
 	// or already held by c.Token. Every grant, including one to the current
 	// holder, is a new grant: the term grows by one. Acquire reports whether
 	// the lease was granted and, either way, the lease as it stands after the
-	// attempt (the current holder and its Remaining when not granted). Losing
-	// the race to another candidate is not an error.
+	// attempt (the current holder and its Remaining when not granted). A
+	// refusal may report the lease as it stood when the attempt began, when
+	// a release or a grant commits during it: the caller learns of that by
+	// the release's wake-up (see Watch) or its next attempt. Losing the race
+	// to another candidate is not an error.
 	Acquire(ctx context.Context, name string, c Candidate, ttl time.Duration) (Lease, bool, error)
 
 	// Renew extends the lease for name by ttl from the store's now, but only

@@ -104,7 +104,7 @@ func parseOptions(args []string, stderr io.Writer) (options, plan, error) {
 	fs.IntVar(&o.followers, "followers", 0, "followers per setup (default 10; 5 with -quick)")
 	fs.IntVar(&o.graceful, "graceful", 0, "graceful handover trials per setup at the equal TTL (default 100; 5 with -quick)")
 	fs.IntVar(&o.crash, "crash", 0, "crash takeover trials per setup at the equal TTL (default 30, and 3x that for the advisory kill; 3 with -quick)")
-	fs.IntVar(&o.transfer, "transfer", 0, "transfer trials per setup of ours (default 100; 5 with -quick)")
+	fs.IntVar(&o.transfer, "transfer", 0, "transfer trials per setup of ours (default 300; 5 with -quick)")
 	fs.IntVar(&o.deploys, "deploys", 0, "rolling deploys of a 5-process group per setup of ours (default 5; 3 with -quick)")
 	fs.BoolVar(&o.noDefaults, "no-defaults", false, "skip the peers at their default timing")
 	fs.BoolVar(&o.noIdle, "no-idle", false, "skip the idle-cost measurement")

@@ -182,7 +182,7 @@ func fullPlan() plan {
 	return plan{
 		mode:     "full",
 		equalTTL: 2 * time.Second, followers: 10, graceful: 100, crash: 30,
-		transfer: 100, deploys: 5, rollingSize: 5,
+		transfer: 300, deploys: 5, rollingSize: 5,
 		defaultsGraceful: 20,
 		defaultsCrash:    map[string]int{kindSkill: 2, kindClientGo: 3, kindEtcd: 2},
 		loadWindow: func(t timing) time.Duration {

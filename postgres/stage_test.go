@@ -375,6 +375,47 @@ func TestLeaseStagedHandover(t *testing.T) {
 			t.Fatalf("carol's Acquire after the commit: %+v granted %v, %v; want refused, bob's term %d", got, ok, err, l.Term+1)
 		}
 	})
+	t.Run("a successor whose wait ran out waits for the staged release's row", func(t *testing.T) {
+		// The successor's wait for the prepared handover (a quarter of
+		// its TTL) runs out before the commit: its attempt after it must
+		// wait for the row's lock, and be granted once the staged
+		// release commits, not be refused from its snapshot (which shows
+		// alice) and left to learn of its grant only when alice's lease
+		// would have run out.
+		t.Parallel()
+		const succTTL = 2 * time.Second // a wait of 500 ms
+		a := setup(t)
+		l := mustGrant(t, a.store, "ran-out", alice, ttl)
+		mustRenewBatch(t, a.store, renewals(alice, ttl, l))
+		succ := position(t, a, "ran-out", bob, succTTL)
+		p := mustPrepare(t, a.store, "ran-out", alice, l.Term, bob)
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil || !p.staged {
+			t.Fatalf("Stage: %v (staged %v)", err, p.staged)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var waiting int
+			if err := a.pool.QueryRow(callCtx(t), `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND wait_event = 'transactionid' AND datname = current_database()`).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+			if waiting > 0 {
+				break
+			}
+			succ.notReturned(t, "once its wait ran out, before the commit")
+			if time.Now().After(deadline) {
+				t.Fatal("the successor's attempt after its wait never waited for the staged release's row lock")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		r := succ.result(t)
+		if !r.granted || r.lease.HolderID != "bob" || r.lease.Term <= l.Term {
+			t.Fatalf("the successor's Acquire after the commit: %+v granted %v; want bob granted a term above %d", r.lease, r.granted, l.Term)
+		}
+	})
 	t.Run("committed late", func(t *testing.T) {
 		t.Parallel()
 		const hold = 400 * time.Millisecond

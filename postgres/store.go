@@ -117,7 +117,9 @@
 // candidate whose statement's snapshot shows the lease reserved for
 // another is refused without locking the lease row (lease strategy) or
 // trying the lock (advisory strategy), so that the followers woken with
-// the successor never delay its grant, which takes one round trip: the
+// the successor never delay its grant (the lease strategy refuses so a
+// lease that another token holds in the snapshot, too: see One statement
+// per operation), which takes one round trip: the
 // leaderless gap of a handover is two round trips and a wake-up. A
 // reservation that commits after a candidate's snapshot is judged on the
 // row as it stands once locked; an advisory candidate that took the lock
@@ -349,7 +351,14 @@
 // nothing it reports the row as it stands, locked, so a follower learns the
 // holder and how long the lease has left (only the losers of a race for a
 // name's very first grant cannot see the winner's new row from their
-// statement; they read it with a second one). Renew updates only an
+// statement; they read it with a second one). A row that another token
+// holds, unexpired, in the statement's snapshot is the exception: the
+// statement refuses without locking it and reports it from the snapshot,
+// so that a follower never waits for the row lock of a renewal or of a
+// staged release (see Staged handovers) and then runs beside the
+// successor that the same commit lets go. A release committed after the
+// snapshot is then reported as still held; its notice wakes the follower
+// for one more attempt. Renew updates only an
 // unexpired row held by the token under the term, and never inserts. Release
 // clears only such a row and calls pg_notify in the same statement, so the
 // wake-up is sent exactly when the release commits. A new grant sends one
@@ -904,7 +913,15 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 	// waited: the grant of a released lease granted the lease after
 	// waiting for a prepared handover; tried: it ran, granted or not.
 	waited, tried := false, false
+	// stmt is the acquire statement to run below: acquireLocking for a
+	// candidate to which a handover is prepared, so that an attempt
+	// whose wait for it ended first waits for the row's lock, which a
+	// staged release that grants it holds, and is granted by the staged
+	// release's commit (acquire would refuse it from its snapshot, and
+	// nothing would tell it of that grant).
+	stmt := s.sql.acquire
 	if s.takePrepared(name, c.Token) {
+		stmt = s.sql.acquireLocking
 		// A handover to c is prepared: wait for it, for a quarter of the
 		// TTL at most, and never past half of what ctx leaves.
 		wait := ttl / 4
@@ -937,7 +954,7 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 	}
 	waited = waited && mine // else the statement below claims the name, and tries again
 	for claimed := false; !waited && !named; claimed = true {
-		err = s.pool.QueryRow(ctx, s.sql.acquire, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)).
+		err = s.pool.QueryRow(ctx, stmt, name, c.Token, c.ID, interval(ttl), s.opts.Channel, int32(c.Priority)).
 			Scan(dest...)
 		if err != nil || mine || claimed {
 			break

@@ -15,6 +15,14 @@ const maxPayloadLength = MaxNotifyPayloadLen
 // statements are the store's SQL, with the table name filled in.
 type statements struct {
 	acquire, renewBatch, release, observe, request string
+	// acquireLocking is acquire that waits for the row's lock even when
+	// its snapshot shows the lease held by another token, and judges the
+	// row as it stands once locked: the attempt of a candidate to which
+	// a handover was prepared, and whose wait for it ended without the
+	// grant (see LeaseStore.Acquire). acquire would refuse it from its
+	// snapshot while the staged release that grants it waits to commit,
+	// and nothing would tell it of that grant.
+	acquireLocking string
 	// grantReleased is the acquire statement of a candidate that a
 	// release woke by name (see LeaseStore.Acquire), the successor of a
 	// prepared handover among them: it grants only a released lease not
@@ -231,12 +239,14 @@ SELECT count(*), coalesce(bool_or(targeted), false) FROM notified`, released, no
 	// The acquire statement: see the statements' comments below. $5, the
 	// channel, is not used but for its type: a grant's NOTIFY is sent
 	// noticeDelay later (noticeGrantLater).
-	acquire := fmt.Sprintf(`
+	acquireSQL := func(heldFromSnapshot bool) string {
+		return fmt.Sprintf(`
 WITH %[7]s, %[8]s, reserved AS MATERIALIZED (
 	SELECT l.term, %[9]s FROM %[1]s AS l WHERE l.name = $1 AND %[10]s
 ), held AS MATERIALIZED (
-	SELECT l.term, l.holder_id, l.acquired_at, %[6]s AS expires_at, %[9]s
-	FROM %[1]s AS l WHERE l.name = $1 AND l.holder_token <> $2 AND %[6]s > clock_timestamp()
+	SELECT l.term, l.holder_id, l.acquired_at, x.expires_at, x.expires_at - c.now AS remaining, %[9]s
+	FROM %[1]s AS l, clock_timestamp() AS c(now), LATERAL (SELECT %[6]s AS expires_at) AS x
+	WHERE %[22]t AND l.name = $1 AND l.holder_token <> $2 AND x.expires_at > c.now
 ), killed AS (
 	UPDATE %[5]s AS h SET dead = true
 	FROM %[1]s AS k
@@ -285,16 +295,17 @@ UNION ALL
 SELECT false, r.term, false, '', NULL::timestamptz, NULL::timestamptz, interval '0', 0, EXISTS (SELECT FROM st), %[18]s
 FROM reserved AS r
 UNION ALL
-SELECT false, h.term, h.expires_at > c.now, h.holder_id, h.acquired_at, h.expires_at,
-	greatest(h.expires_at - c.now, interval '0'), 0, EXISTS (SELECT FROM st), %[21]s
-FROM held AS h, clock_timestamp() AS c(now)`,
-		table, `$5::text`, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), strategyRow,
-		epochCTEs(opts.qualifiedEpochTable(), "$4::interval"),
-		transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
-		grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
-		reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
-		enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}, false),
-		fenceAfterGrant(opts), transferNames("h"))
+SELECT false, h.term, true, h.holder_id, h.acquired_at, h.expires_at, h.remaining, 0, EXISTS (SELECT FROM st), %[21]s
+FROM held AS h`,
+			table, `$5::text`, `(l.holder_token IS NOT NULL AND l.expires_at > c.now)`, durableCommit, hb, expiry(hb), strategyRow,
+			epochCTEs(opts.qualifiedEpochTable(), "$4::interval"),
+			transferColumns("l"), reservedForOther("l", "$2"), clearedTransfer,
+			grantReasonSQL("l", "excluded.holder_token", "("+expiry(hb)+" > c.now)"), clearedValues,
+			reservedForOther("l", "excluded.holder_token"), transferNames("g"), transferNames("l"), noTransfer, transferNames("r"),
+			enlistCTEs(opts.qualifiedCandidateTable(), "EXISTS (SELECT FROM st)", "$4::interval", [4]string{"$1", "$2", "$3", "$6"}, false),
+			fenceAfterGrant(opts), transferNames("h"), heldFromSnapshot)
+	}
+	acquire, acquireLocking := acquireSQL(true), acquireSQL(false)
 	// The statement of a released lease's grant: see the statements'
 	// comments below.
 	grantReleased := fmt.Sprintf(`
@@ -387,7 +398,8 @@ WHERE l.name = $1 AND l.holder_token = $2 AND l.heartbeat IS NULL AND l.expires_
 		// priority and why it was granted (grantReasonSQL), and clears any
 		// request and reservation. "notified" sends the wake-up for a
 		// grant, and "durable" makes its commit durable (durableCommit).
-		// When nothing was granted, "existing" reports the row, locked FOR
+		// When nothing was granted and neither "reserved" nor "held"
+		// (below) found the row, "existing" reports the row, locked FOR
 		// UPDATE so that it too is the row as it stands and not as it was
 		// when the statement began. ("existing" is read only in that case:
 		// the second branch runs only if "granted" is empty.) Its
@@ -408,7 +420,10 @@ WHERE l.name = $1 AND l.holder_token = $2 AND l.heartbeat IS NULL AND l.expires_
 		// judged by ON CONFLICT, on the row as it stands.
 		//
 		// Likewise a lease that another token holds, unexpired, in the
-		// statement's snapshot is not free: "held" finds it so, and then
+		// statement's snapshot is not free: "held" finds it so (its
+		// expiry and what is left of it on one reading of the clock, so
+		// that it is never reported free for having run out during the
+		// statement), and then
 		// the statement neither inserts nor locks the row, and reports
 		// the holder from the snapshot (the fifth branch). So an attempt
 		// never waits for the row lock of a renewal or of a staged
@@ -419,7 +434,13 @@ WHERE l.name = $1 AND l.holder_token = $2 AND l.heartbeat IS NULL AND l.expires_
 		// (Elector.Run watches before its first attempt), which costs it
 		// one more attempt, and a grant committed after the snapshot is
 		// reported as its predecessor's until the caller's next attempt,
-		// as for a grant made just after the statement.
+		// as for a grant made just after the statement. That holds for a
+		// staged release's grant to the caller too, which no notice tells
+		// it of: a candidate to which a handover was prepared runs
+		// acquireLocking instead, which has no "held" (see statements).
+		// Without wake-ups (a transaction pooler, a failed Watch) a
+		// caller whose attempt overlapped a release waits for the expiry
+		// it was told, as every follower then does.
 		//
 		// "st" locks the name's row of the strategy table (FOR KEY SHARE,
 		// which only a claim's FOR UPDATE waits for) if it names the lease
@@ -437,6 +458,9 @@ WHERE l.name = $1 AND l.holder_token = $2 AND l.heartbeat IS NULL AND l.expires_
 		// for EnlistFactor times the TTL, whatever refused it (see
 		// enlistCTEs); a grant writes no entry.
 		acquire: acquire,
+
+		// The acquire statement without "held": see statements.
+		acquireLocking: acquireLocking,
 
 		// Grant of a released lease: the parameters of acquire. It
 		// grants what acquire grants to a candidate when the lease is
