@@ -391,14 +391,37 @@ type preparation struct {
 // takePrepared reports whether a handover of name was prepared for the
 // candidate of token less than preparedFor ago, and forgets it.
 func (w *wakeups) takePrepared(name, token string) bool {
+	_, ok := w.takePreparedAt(name, token)
+	return ok
+}
+
+// takePreparedAt is takePrepared, and returns when the notice told of the
+// preparation, for putBackPrepared.
+func (w *wakeups) takePreparedAt(name, token string) (at time.Time, ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	p, ok := w.prepared[name]
 	if !ok || p.token != token {
-		return false
+		return time.Time{}, false
 	}
 	delete(w.prepared, name)
-	return time.Since(p.at) < preparedFor
+	return p.at, time.Since(p.at) < preparedFor
+}
+
+// putBackPrepared records again a preparation of name for the candidate
+// of token that a notice told of at, and that takePreparedAt took, unless
+// a notice has told of another since: an Acquire that took it and failed
+// (its context ended) leaves it to the candidate's next one.
+func (w *wakeups) putBackPrepared(name, token string, at time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.prepared[name]; ok {
+		return
+	}
+	if w.prepared == nil {
+		w.prepared = make(map[string]preparation)
+	}
+	w.prepared[name] = preparation{token: token, at: at}
 }
 
 // namedFor is how long after a handover's notice that named a candidate

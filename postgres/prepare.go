@@ -111,11 +111,22 @@ const handoverStagedUnlockStmt = "leader_handover_staged_unlock"
 // the client went. The idle timeout ends the transaction, and the connection, if
 // neither Commit nor Abort comes (the handover's process gone without a
 // word): the lease row is not held locked past it, and the lease itself
-// stays as it was, held by the holder, who no longer renews it.
+// stays as it was, held by the holder, who no longer renews it. Its last
+// column says whether a session still waits for the handover's lock, as
+// the successor's did when the preparation returned: one whose wait ran
+// out before the release locked the row was refused the lease, and would
+// not learn of a staged grant (no notice tells of it) until the holder's
+// lease would have run out; one whose wait runs out after it waits for
+// the row's lock (statements.acquireLocking).
 const stageLocksLease = `SELECT pg_advisory_xact_lock($1::int4, $2::int4),
 	set_config('idle_in_transaction_session_timeout', $4, true),
 	` + stagedTxnSettings + `,
-	pg_try_advisory_xact_lock($3::bigint) AND ` + stagedFenceSQL
+	pg_try_advisory_xact_lock($3::bigint) AND ` + stagedFenceSQL + `,
+	EXISTS (SELECT FROM pg_locks AS w
+		WHERE w.locktype = 'advisory'
+			AND w.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+			AND w.classid::bigint = $1::int4 AND w.objid::bigint = ($2::int4::bigint & 4294967295)
+			AND w.objsubid = 2 AND NOT w.granted)`
 
 // stagedUnlockLease is the first statement of a staged release's commit
 // (see preparedHandover.Commit): $1 and $2 the handover lock's two int4
@@ -213,13 +224,13 @@ func (p *preparedHandover) Stage(ctx context.Context, reason leader.GrantReason,
 	_, errSettings := br.Exec()
 	var (
 		granted, durable int64
-		locked           bool
+		locked, waits    bool
 		ignored          [5]any
 	)
 	errRelease := br.QueryRow().Scan(&granted, &durable)
-	errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4], &locked)
+	errLocks := br.QueryRow().Scan(&ignored[0], &ignored[1], &ignored[2], &ignored[3], &ignored[4], &locked, &waits)
 	err := errors.Join(errBegin, errSettings, errRelease, errLocks, br.Close())
-	if err == nil && granted == 1 && locked {
+	if err == nil && granted == 1 && locked && waits {
 		p.stagedRelease = stagedRelease{true, reason, hold, time.Now()}
 		return nil
 	}
@@ -238,6 +249,8 @@ func (p *preparedHandover) Stage(ctx context.Context, reason leader.GrantReason,
 		return p.notStaged("a fenced transaction locks the lease row")
 	case granted != 1:
 		return p.notStaged("the release granted nothing (the lease lost, or the strategy row or a failover's grace refused)")
+	case locked && !waits:
+		return p.notStaged("the successor no longer waits for the handover (its wait ran out)")
 	default:
 		return p.notStaged("a fenced transaction holds the name's staged lock, or the schema's fence function is older than staged releases (run Migrate)")
 	}

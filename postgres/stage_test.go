@@ -392,28 +392,105 @@ func TestLeaseStagedHandover(t *testing.T) {
 		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil || !p.staged {
 			t.Fatalf("Stage: %v (staged %v)", err, p.staged)
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			var waiting int
-			if err := a.pool.QueryRow(callCtx(t), `SELECT count(*) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND wait_event = 'transactionid' AND datname = current_database()`).Scan(&waiting); err != nil {
-				t.Fatal(err)
-			}
-			if waiting > 0 {
-				break
-			}
-			succ.notReturned(t, "once its wait ran out, before the commit")
-			if time.Now().After(deadline) {
-				t.Fatal("the successor's attempt after its wait never waited for the staged release's row lock")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		awaitRowWait(t, a, func() { succ.notReturned(t, "once its wait ran out, before the commit") })
 		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
 			t.Fatalf("Commit: %v", err)
 		}
 		r := succ.result(t)
 		if !r.granted || r.lease.HolderID != "bob" || r.lease.Term <= l.Term {
 			t.Fatalf("the successor's Acquire after the commit: %+v granted %v; want bob granted a term above %d", r.lease, r.granted, l.Term)
+		}
+	})
+	t.Run("not staged once the successor's wait ran out", func(t *testing.T) {
+		// The successor's wait for the prepared handover runs out before
+		// Stage: its attempt was refused (the row not yet locked), and
+		// no notice would tell it of a staged grant. Stage declines, and
+		// Commit releases as unstaged, whose deferred notice wakes it.
+		t.Parallel()
+		const succTTL = 2 * time.Second // a wait of 500 ms
+		a := setup(t)
+		l := mustGrant(t, a.store, "gone-by", alice, ttl)
+		mustRenewBatch(t, a.store, renewals(alice, ttl, l))
+		succ := position(t, a, "gone-by", bob, succTTL)
+		p := mustPrepare(t, a.store, "gone-by", alice, l.Term, bob)
+		if r := succ.result(t); r.granted {
+			t.Fatalf("the successor's Acquire before the release: %+v granted", r.lease)
+		}
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Stage: %v", err)
+		}
+		if p.staged {
+			t.Fatal("Stage staged the release although the successor no longer waited for it")
+		}
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		if o := mustObserve(t, a.store, "gone-by"); o.Held() || o.Successor != "bob" {
+			t.Fatalf("Observe after the commit: %+v; want released, reserved for bob", o)
+		}
+	})
+	t.Run("a successor's attempt cut short leaves the preparation to its next", func(t *testing.T) {
+		// The successor's first attempt ends with its context while it
+		// waits for the staged release's row: its next attempt must wait
+		// for it too (and be granted at the commit), not be refused from
+		// its snapshot and left untold of the staged grant.
+		t.Parallel()
+		const succTTL = 2 * time.Second
+		a := setup(t)
+		l := mustGrant(t, a.store, "cut", alice, ttl)
+		mustRenewBatch(t, a.store, renewals(alice, ttl, l))
+		b := setupOn(t, a.pool, Options{})
+		conn, err := b.store.waits.Acquire(callCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Release()
+		ch, err := b.store.WatchFreeFor(t.Context(), "cut", bob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitListening(t, b)
+		drain(ch)
+		first := make(chan error, 1)
+		go func() {
+			select {
+			case <-ch:
+			case <-t.Context().Done():
+				first <- t.Context().Err()
+				return
+			}
+			// A wait of 500 ms for the handover, then the row's lock
+			// until the context ends.
+			ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+			defer cancel()
+			_, _, err := b.store.Acquire(ctx, "cut", bob, succTTL)
+			first <- err
+		}()
+		p := mustPrepare(t, a.store, "cut", alice, l.Term, bob)
+		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil || !p.staged {
+			t.Fatalf("Stage: %v (staged %v)", err, p.staged)
+		}
+		if err := <-first; !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("the successor's first Acquire: %v; want its deadline exceeded", err)
+		}
+		// The first attempt's statement, cancelled, may still wait for
+		// the row: its wait must not pass for the next one's.
+		for deadline := time.Now().Add(10 * time.Second); rowWaits(t, a) > 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the first attempt's statement still waits for the row's lock 10 s after its context ended")
+			}
+		}
+		next := &positioned{b: b, c: bob, done: make(chan acquireResult, 1)}
+		go func() {
+			l, granted, err := b.store.Acquire(callCtx(t), "cut", bob, succTTL)
+			next.done <- acquireResult{lease: l, granted: granted, err: err, at: time.Now()}
+		}()
+		awaitRowWait(t, a, func() { next.notReturned(t, "before the commit") })
+		if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
+			t.Fatalf("Commit: %v", err)
+		}
+		if r := next.result(t); !r.granted || r.lease.HolderID != "bob" || r.lease.Term <= l.Term {
+			t.Fatalf("the successor's next Acquire after the commit: %+v granted %v; want bob granted a term above %d", r.lease, r.granted, l.Term)
 		}
 	})
 	t.Run("committed late", func(t *testing.T) {
@@ -484,4 +561,34 @@ func TestLeaseStagedHandover(t *testing.T) {
 		}
 		granted(t, succ, l.Term+1)
 	})
+}
+
+// awaitRowWait waits, for 10 s at most, until a session of b's database
+// waits for a row's lock (the transaction that wrote it), calling check
+// between looks.
+func awaitRowWait(t *testing.T, b testBundle, check func()) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if rowWaits(t, b) > 0 {
+			return
+		}
+		check()
+		if time.Now().After(deadline) {
+			t.Fatal("no session waited for the staged release's row lock")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// rowWaits returns how many sessions of b's database wait for a row's
+// lock (the transaction that wrote it).
+func rowWaits(t *testing.T, b testBundle) int {
+	t.Helper()
+	var waiting int
+	if err := b.pool.QueryRow(callCtx(t), `SELECT count(*) FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND wait_event = 'transactionid' AND datname = current_database()`).Scan(&waiting); err != nil {
+		t.Fatal(err)
+	}
+	return waiting
 }

@@ -217,6 +217,15 @@
 // is in flight, since a renewal may write the row that the staged release
 // holds locked.
 //
+// No notice tells of a staged grant: the successor learns of it by waiting.
+// A LeaseStore stages only while the successor still waits for the
+// handover, checked once the release has locked the row; a successor whose
+// wait runs out after that waits for the row's lock instead (its attempt
+// does not refuse from its snapshot, as others' do), and finding the lease
+// its own once the release commits, is granted it again under the term
+// after (a first grant's reason, not the handover's); and one whose
+// attempt ends with its context leaves the preparation to its next.
+//
 // Such a transaction holds the lease row's lock from before OnDemoted to
 // after it, where the old leader's fenced writes (see Fence), which
 // OnDemoted may wait for, lock the row too. Two transaction-level advisory
@@ -916,11 +925,19 @@ func (s *LeaseStore) Acquire(ctx context.Context, name string, c leader.Candidat
 	// stmt is the acquire statement to run below: acquireLocking for a
 	// candidate to which a handover is prepared, so that an attempt
 	// whose wait for it ended first waits for the row's lock, which a
-	// staged release that grants it holds, and is granted by the staged
-	// release's commit (acquire would refuse it from its snapshot, and
-	// nothing would tell it of that grant).
+	// staged release that grants it holds, and once that commits finds
+	// the lease its own and is granted it again, under the term after
+	// (acquire would refuse it from its snapshot, and nothing would tell
+	// it of the staged grant). If the attempt's context ends first, the
+	// preparation is left to c's next attempt.
 	stmt := s.sql.acquire
-	if s.takePrepared(name, c.Token) {
+	preparedAt, prepared := s.takePreparedAt(name, c.Token)
+	if prepared {
+		defer func() {
+			if ctx.Err() != nil && !granted {
+				s.putBackPrepared(name, c.Token, preparedAt)
+			}
+		}()
 		stmt = s.sql.acquireLocking
 		// A handover to c is prepared: wait for it, for a quarter of the
 		// TTL at most, and never past half of what ctx leaves.
