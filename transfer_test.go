@@ -353,7 +353,12 @@ func TestTransfer(t *testing.T) {
 		g := newTransferGroup(t, "priority", map[string]int{"old": 1})
 		_, term := g.leader(t)
 		g.start(t, "new1", 2)
-		eventually(t, 10*time.Second, "new1 to lead", func() bool { return g.es["new1"].IsLeader() })
+		// Its OnElected, which records the election, runs after IsLeader
+		// turns true: wait for both.
+		eventually(t, 10*time.Second, "new1 to lead", func() bool {
+			_, elected := g.h.Find(func(e event) bool { return e.Instance == "new1" && e.Elected })
+			return g.es["new1"].IsLeader() && elected
+		})
 		st := g.es["new1"].Status()
 		if st.Term != term+1 || st.Reason != leader.GrantPriority {
 			t.Fatalf("new1's Status = %+v; want term %d, reason priority", st, term+1)

@@ -27,14 +27,20 @@ func TestLeaseStagedHandover(t *testing.T) {
 	alice, bob := candidate("alice"), candidate("bob")
 	// prepared grants name to alice, under her store's heartbeat, and
 	// prepares its handover to bob, whose Acquire waits for it.
-	prepared := func(t *testing.T, name string) (a testBundle, succ *positioned, p *preparedHandover, l leader.Lease) {
+	// preparedWith is prepared with the successor's TTL succTTL, whose
+	// quarter its wait for the handover lasts at most.
+	preparedWith := func(t *testing.T, name string, succTTL time.Duration) (a testBundle, succ *positioned, p *preparedHandover, l leader.Lease) {
 		t.Helper()
 		a = setup(t)
 		l = mustGrant(t, a.store, name, alice, ttl)
 		mustRenewBatch(t, a.store, renewals(alice, ttl, l))
-		succ = position(t, a, name, bob, ttl)
+		succ = position(t, a, name, bob, succTTL)
 		p = mustPrepare(t, a.store, name, alice, l.Term, bob)
 		return a, succ, p, l
+	}
+	prepared := func(t *testing.T, name string) (a testBundle, succ *positioned, p *preparedHandover, l leader.Lease) {
+		t.Helper()
+		return preparedWith(t, name, ttl)
 	}
 	// staged is prepared, staged with hold.
 	staged := func(t *testing.T, name string, hold time.Duration) (a testBundle, succ *positioned, p *preparedHandover, l leader.Lease) {
@@ -383,12 +389,7 @@ func TestLeaseStagedHandover(t *testing.T) {
 		// alice) and left to learn of its grant only when alice's lease
 		// would have run out.
 		t.Parallel()
-		const succTTL = 2 * time.Second // a wait of 500 ms
-		a := setup(t)
-		l := mustGrant(t, a.store, "ran-out", alice, ttl)
-		mustRenewBatch(t, a.store, renewals(alice, ttl, l))
-		succ := position(t, a, "ran-out", bob, succTTL)
-		p := mustPrepare(t, a.store, "ran-out", alice, l.Term, bob)
+		a, succ, p, l := preparedWith(t, "ran-out", 2*time.Second) // a wait of 500 ms
 		if err := p.Stage(callCtx(t), leader.GrantTransfer, ttl); err != nil || !p.staged {
 			t.Fatalf("Stage: %v (staged %v)", err, p.staged)
 		}
@@ -407,12 +408,7 @@ func TestLeaseStagedHandover(t *testing.T) {
 		// no notice would tell it of a staged grant. Stage declines, and
 		// Commit releases as unstaged, whose deferred notice wakes it.
 		t.Parallel()
-		const succTTL = 2 * time.Second // a wait of 500 ms
-		a := setup(t)
-		l := mustGrant(t, a.store, "gone-by", alice, ttl)
-		mustRenewBatch(t, a.store, renewals(alice, ttl, l))
-		succ := position(t, a, "gone-by", bob, succTTL)
-		p := mustPrepare(t, a.store, "gone-by", alice, l.Term, bob)
+		a, succ, p, _ := preparedWith(t, "gone-by", 2*time.Second) // a wait of 500 ms
 		if r := succ.result(t); r.granted {
 			t.Fatalf("the successor's Acquire before the release: %+v granted", r.lease)
 		}
