@@ -65,7 +65,11 @@ func (s *LeaseStore) noticeLater(must bool, what, cost, stmt string, args ...any
 		}
 		ctx, cancel := s.opts.bound(ctx)
 		defer cancel()
-		if _, err := s.pool.Exec(ctx, stmt, args...); err != nil && (must || l.ctx.Err() == nil) {
+		// On the waits' connections, not the lease's: a release or a
+		// renewal that came as it ran would otherwise open (and plan
+		// ahead on) a connection of its own, tens of milliseconds in a
+		// handover's gap.
+		if _, err := s.waits.Exec(ctx, stmt, args...); err != nil && (must || l.ctx.Err() == nil) {
 			level := slog.LevelDebug
 			if must {
 				level = slog.LevelWarn

@@ -677,11 +677,20 @@ func TestGrantNoticeDeferred(t *testing.T) {
 			alice := candidate("alice")
 			l := mustGrant(t, a.store, "gn", alice, time.Minute)
 			if keep {
+				own, waits := a.store.pool.Stat().AcquireCount(), a.store.waits.Stat().AcquireCount()
 				if got := heard(time.Second); len(got) > 0 {
 					t.Fatalf("within a second of the grant the listeners heard %q; want nothing until %v after it", got, delay)
 				}
 				if got, want := heard(delay+time.Second), []string{payloadGrant + "gn"}; !slices.Equal(got, want) {
 					t.Fatalf("after the delay the listeners heard %q; want the grant's notice %q", got, want)
+				}
+				// Sent on the waits' connections: on the lease's, a
+				// release as it ran would open a connection of its own.
+				if got := a.store.pool.Stat().AcquireCount() - own; got != 0 {
+					t.Errorf("the deferred notice took %d of the lease's connections; want it on the waits'", got)
+				}
+				if got := a.store.waits.Stat().AcquireCount() - waits; got < 1 {
+					t.Errorf("the waits' connections were taken %d times for the deferred notice; want at least once", got)
 				}
 				return
 			}

@@ -720,7 +720,8 @@ type LeaseStore struct {
 	pool *pgxpool.Pool
 	// waits are the connections of prepared handovers (see
 	// PrepareHandover): the preparer's, and successors' that wait for
-	// one, apart from pool so that they never hold up renewals.
+	// one, and of the notices sent later (noticeLater), apart from pool
+	// so that they never hold up renewals and releases.
 	waits *pgxpool.Pool
 	opts  Options
 	sql   statements
