@@ -33,7 +33,8 @@ func (s *LeaseStore) noticeFreedLater(name string) {
 }
 
 // noticeLater runs stmt with args (args[0] is the name) on the store's
-// pool once noticeDelay has passed, on a goroutine of its own that Close
+// waits connections (not the lease's: see below) once noticeDelay has
+// passed, on a goroutine of its own that Close
 // waits for. Close calls it off unless must is set; what names the notice
 // and cost what its failure costs, in the log (a warning if must).
 func (s *LeaseStore) noticeLater(must bool, what, cost, stmt string, args ...any) {

@@ -138,8 +138,10 @@ type Options struct {
 	// by Close. Besides them, each store keeps one connection for its
 	// wake-ups, and an AdvisoryStore one per candidate and per watched
 	// name; a LeaseStore opens up to MaxConns more for prepared handovers
-	// (see the package documentation) when it first prepares or awaits
-	// one, closed when idle like the others. Default DefaultMaxConns (2);
+	// (see the package documentation) and for the notices it sends a few
+	// milliseconds after a grant or a release, when it first prepares or
+	// awaits one or sends one (once it has held a lease), closed when idle
+	// like the others. Default DefaultMaxConns (2);
 	// at least 1.
 	MaxConns int32
 

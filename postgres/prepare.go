@@ -388,7 +388,7 @@ func (s *LeaseStore) PrepareHandover(ctx context.Context, name, token string, te
 	}
 	// A connection of the store's waits. When every one of them is in
 	// use or being opened (other names' preparations, successors'
-	// waits), it waits for one a little only, and the Elector hands over
+	// waits, deferred notices), it waits for one a little only, and the Elector hands over
 	// unprepared. Otherwise it waits for a new one's opening, up to
 	// prepareConnWait: the lease is still held meanwhile, and an
 	// unprepared handover's gap is the longer one.

@@ -142,8 +142,8 @@
 // successor's statement, without a notification or a round trip of the
 // successor's between them. PrepareHandover takes, on a connection that
 // it keeps (from a second small pool of the store's own, for prepared
-// handovers alone, so that waits never hold up renewals; see
-// Options.MaxConns), a session-level advisory lock whose two int4 keys
+// handovers and the notices sent later, so that neither ever holds up
+// renewals and releases; see Options.MaxConns), a session-level advisory lock whose two int4 keys
 // are 1724485689 (the first 4 bytes of the SHA-256 of "leader:handover")
 // and a hash of the table and the name, and sends a NOTIFY whose payload
 // names the successor's token ("~p"). The successor's store, told by its
