@@ -118,15 +118,21 @@ const handoverStagedUnlockStmt = "leader_handover_staged_unlock"
 // not learn of a staged grant (no notice tells of it) until the holder's
 // lease would have run out; one whose wait runs out after it waits for
 // the row's lock (statements.acquireLocking).
-const stageLocksLease = `SELECT pg_advisory_xact_lock($1::int4, $2::int4),
+var stageLocksLease = `SELECT pg_advisory_xact_lock($1::int4, $2::int4),
 	set_config('idle_in_transaction_session_timeout', $4, true),
 	` + stagedTxnSettings + `,
 	pg_try_advisory_xact_lock($3::bigint) AND ` + stagedFenceSQL + `,
-	EXISTS (SELECT FROM pg_locks AS w
-		WHERE w.locktype = 'advisory'
-			AND w.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-			AND w.classid::bigint = $1::int4 AND w.objid::bigint = ($2::int4::bigint & 4294967295)
-			AND w.objsubid = 2 AND NOT w.granted)`
+	EXISTS (SELECT FROM pg_locks AS w WHERE ` + handoverWaiters("w", "$1::int4", "($2::int4::bigint & 4294967295)") + `)`
+
+// handoverWaiters returns the SQL condition for a row a of pg_locks that
+// is a session of the current database waiting for the lock of prepared
+// handovers whose two int4 keys are the expressions class and key (key
+// as pg_locks shows it: unsigned, as a bigint).
+func handoverWaiters(a, class, key string) string {
+	return fmt.Sprintf(`%[1]s.locktype = 'advisory'
+		AND %[1]s.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+		AND %[1]s.classid::bigint = %[2]s AND %[1]s.objid::bigint = %[3]s AND %[1]s.objsubid = 2 AND NOT %[1]s.granted`, a, class, key)
+}
 
 // stagedUnlockLease is the first statement of a staged release's commit
 // (see preparedHandover.Commit): $1 and $2 the handover lock's two int4
@@ -505,9 +511,7 @@ func awaitHandoverWaiter(ctx context.Context, q interface {
 			one *int32
 		)
 		err := q.QueryRow(ctx, `SELECT count(*), CASE WHEN count(*) = 1 THEN min(l.pid) END FROM pg_locks AS l
-	WHERE l.locktype = 'advisory'
-		AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
-		AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 2 AND NOT l.granted`,
+	WHERE `+handoverWaiters("l", "$1", "$2"),
 			int64(handoverClass), int64(uint32(key))).Scan(&n, &one)
 		left := time.Until(until)
 		if err != nil || n > 0 || left <= 0 {
