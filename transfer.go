@@ -238,7 +238,8 @@ const DefaultTransferTimeout = 30 * time.Second
 // OnElected to return, and releases the lease reserved for the successor,
 // which takes it at once with the next term while the other candidates
 // wait (see Elector.Transfer). RequestTransfer returns the lease as the
-// successor holds it. It returns an error wrapping ErrNoLeader if nobody
+// successor holds it (unheld, with a later term, if it has lost it again
+// already). It returns an error wrapping ErrNoLeader if nobody
 // leads, ErrNoCandidate if no other candidate campaigns with the ID to (or
 // at all), ErrTransferNotTaken if the successor did not take the lease
 // within its reservation, and ctx.Err() if ctx ends first. The request
@@ -293,7 +294,13 @@ func RequestTransfer(ctx context.Context, store Store, name, to string) (Lease, 
 // first, then less often; with it, from 25 ms on, so that its own
 // statements do not compete with the successor's grant. For the same
 // reason it looks awakeSettle after a wake-up, not at once: the release
-// wakes it too, as the successor's grant is about to run.
+// wakes it too, as the successor's grant is about to run. A term after
+// term that nobody holds is returned only once it has stayed unheld for
+// grantSettle: a store may record the grant before the successor holds it
+// (the advisory strategy's row names the successor as the staged release
+// commits, and its session takes the lock a moment later), so an unheld
+// new term is a grant in progress until then, and a grant lost again
+// after it.
 func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name string, term uint64, to string, requested bool) (Lease, error) {
 	poll, first := time.Millisecond, time.Duration(0)
 	if wake != nil {
@@ -303,6 +310,7 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 	defer timer.Stop()
 	due := time.Now().Add(first) // when the timer fires
 	sawReserved := false
+	var unheld time.Time // when a new term was first seen unheld
 	for {
 		select {
 		case <-ctx.Done():
@@ -330,6 +338,15 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 			}
 			return l, nil
 		case l.Term > term:
+			if unheld.IsZero() {
+				unheld = time.Now()
+			}
+			if time.Since(unheld) < grantSettle {
+				// Granted, and perhaps not yet taken: look again soon.
+				timer.Reset(awakeSettle)
+				due = time.Now().Add(awakeSettle)
+				continue
+			}
 			// Granted and lost again already: leadership has moved.
 			return l, nil
 		case l.Successor != "":
@@ -353,6 +370,12 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 // awakeSettle is how long after a wake-up awaitSuccessor looks at the
 // lease: about what a successor's grant takes, woken by the same release.
 const awakeSettle = 5 * time.Millisecond
+
+// grantSettle is how long awaitSuccessor waits for a new term it sees
+// unheld to be held before it returns it as granted and lost again: far
+// longer than a successor takes to take a grant recorded for it, and short
+// beside a lease's TTL.
+const grantSettle = 250 * time.Millisecond
 
 // chooseSuccessor picks the candidate to hand over to among cands, leaving
 // out the holder's token (or, when holderToken is "", every candidate with
