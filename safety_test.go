@@ -238,26 +238,31 @@ func testSafety(t *testing.T, wrap func(*faultStore) leader.Store) {
 
 	t.Run("the local deadline counts from when the acquire was sent", func(t *testing.T) {
 		t.Parallel()
-		// The store grants at once but the answer arrives 300ms late; and
+		// The store grants at once but the answer arrives 1.5 s late; and
 		// every renewal fails (from the first, which may come at once: see
 		// Config.RenewInterval). If the deadline counted from the answer,
-		// the leader would believe it leads after the store's lease ran out.
+		// the leader would believe it leads after the store's lease ran
+		// out: it would stop 1.5 s + TTL - DriftMargin - StopGrace (5.25
+		// s) after the grant, never sooner. Counted from the send, it
+		// stops 3.75 s after it, which leaves a busy machine 1.25 s to run
+		// OnDemoted in (with a TTL of 1 s, its first form, 250 ms).
 		store := newFaultStore(leadertest.NewMemStore())
 		store.set(func(f *faultStore) {
-			f.acquireDelay = 300 * time.Millisecond
+			f.acquireDelay = 1500 * time.Millisecond
 			f.renewErr = leader.ErrUnavailable
 		})
 		var demotedAt atomic.Int64
 		cfg := testConfig("sent", "a")
+		cfg.TTL = 5 * time.Second
 		cfg.OnDemoted = func() { demotedAt.Store(time.Now().UnixNano()) }
 		e, err := leader.New(wrap(store), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		runElector(t, e)
-		eventually(t, 3*time.Second, "leadership", e.IsLeader)
+		eventually(t, 10*time.Second, "leadership", e.IsLeader)
 		store.set(func(f *faultStore) { f.partitioned = true })
-		eventually(t, 3*time.Second, "demotion", func() bool { return demotedAt.Load() != 0 })
+		eventually(t, 10*time.Second, "demotion", func() bool { return demotedAt.Load() != 0 })
 		store.mu.Lock()
 		granted := store.grants[0]
 		store.mu.Unlock()

@@ -373,9 +373,10 @@ const awakeSettle = 5 * time.Millisecond
 
 // grantSettle is how long awaitSuccessor waits for a new term it sees
 // unheld to be held before it returns it as granted and lost again: far
-// longer than a successor takes to take a grant recorded for it, and short
-// beside a lease's TTL.
-const grantSettle = 250 * time.Millisecond
+// longer than a successor takes to take a grant recorded for it, even on a
+// busy machine. It delays only the return of a transfer whose successor
+// lost the lease again at once.
+const grantSettle = time.Second
 
 // chooseSuccessor picks the candidate to hand over to among cands, leaving
 // out the holder's token (or, when holderToken is "", every candidate with

@@ -119,16 +119,19 @@ func TestTransfer(t *testing.T) {
 		if l.HolderID != to || l.Term != term+1 || l.Reason != leader.GrantTransfer {
 			t.Fatalf("Transfer returned %+v; want held by %s with term %d, reason transfer", l, to, term+1)
 		}
-		if st := g.es[to].Status(); !st.IsLeader || st.Term != term+1 || st.Reason != leader.GrantTransfer {
-			t.Fatalf("the successor's Status = %+v; want leading with term %d, reason transfer", st, term+1)
-		}
 		// The old leader was demoted before the successor was elected
 		// (the history checks it), and nobody else led in between.
+		// Transfer returns once the store shows the successor's grant;
+		// the successor's Elector counts itself leader, and runs
+		// OnElected, a moment later.
 		eventually(t, 10*time.Second, fmt.Sprintf("%s's OnElected with term %d", to, term+1), func() bool {
 			els := g.h.Elections()
 			last := els[len(els)-1]
 			return last.Instance == to && last.Term == term+1
 		})
+		if st := g.es[to].Status(); !st.IsLeader || st.Term != term+1 || st.Reason != leader.GrantTransfer {
+			t.Fatalf("the successor's Status = %+v; want leading with term %d, reason transfer", st, term+1)
+		}
 		if els := g.h.Elections(); len(els) != 2 {
 			t.Fatalf("elections %v; want two: %s's, then %s's", els, from, to)
 		}
@@ -350,7 +353,12 @@ func TestTransfer(t *testing.T) {
 
 	t.Run("a candidate with a higher priority takes over after the minimum tenure, and equals never move it", func(t *testing.T) {
 		t.Parallel()
-		g := newTransferGroup(t, "priority", map[string]int{"old": 1})
+		g := newTransferGroup(t, "priority", nil)
+		// A TTL of 5 s, so that no stall of a busy machine loses the lease
+		// meanwhile (which would move leadership for another reason), and
+		// a MinTenure of 1 s.
+		g.tune = func(cfg *leader.Config) { cfg.TTL, cfg.MinTenure = 5*time.Second, time.Second }
+		g.start(t, "old", 1)
 		_, term := g.leader(t)
 		g.start(t, "new1", 2)
 		// Its OnElected, which records the election, runs after IsLeader
@@ -366,7 +374,7 @@ func TestTransfer(t *testing.T) {
 		e, ok := g.h.Find(func(e event) bool { return e.Instance == "new1" && e.Elected })
 		first, _ := g.h.Find(func(e event) bool { return e.Instance == "old" && e.Elected })
 		if !ok || e.At.Sub(first.At) < time.Second {
-			t.Errorf("new1 was elected %v after old; want no sooner than old's MinTenure (the TTL, 1s)", e.At.Sub(first.At))
+			t.Errorf("new1 was elected %v after old; want no sooner than old's MinTenure (1s)", e.At.Sub(first.At))
 		}
 		// An equal priority, and a lower one, never move leadership.
 		g.start(t, "new2", 2)

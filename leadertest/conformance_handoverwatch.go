@@ -73,12 +73,18 @@ func testHandoverNotTaken(t *testing.T, s leader.Store) {
 	waitWake(t, forBob, "for bob after a handover to him")
 	// A wake-up of carol's at the handover would come within a round trip
 	// or two, long before the reservation runs out.
+	// Carol's own, once the reservation has run out, may come in this
+	// window if bob's was seen late (a busy machine): only a wake-up
+	// well before the hold has passed fails (reserved is taken after
+	// ReleaseTo returned, which may be after the store's deferral began).
 	select {
 	case <-forCarol:
-		t.Fatalf("a handover to bob for %v woke carol's watcher after %v, while it was reserved for him", hold, time.Since(reserved))
+		if d := time.Since(reserved); d < hold/2 {
+			t.Fatalf("a handover to bob for %v woke carol's watcher after %v, while it was reserved for him", hold, d)
+		}
 	case <-time.After(hold * 3 / 10):
+		waitWake(t, forCarol, "for carol after bob's reservation ran out untaken")
 	}
-	waitWake(t, forCarol, "for carol after bob's reservation ran out untaken")
 	if l, granted := acquire(t, s, name, carol, longTTL); !granted {
 		t.Fatalf("carol, woken once bob's reservation ran out, was refused: %s", fmtLease(l))
 	}

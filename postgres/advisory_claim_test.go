@@ -563,7 +563,9 @@ func TestAdvisoryGrantToAGoneSuccessor(t *testing.T) {
 func TestAdvisoryGrantedReleaseStaysReserved(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.NewPool(t)
-	const grace = 2 * time.Second
+	// Long beside what bob's Acquire takes however busy the machine: its
+	// first opens bob's session (a second, at times, under load).
+	const grace = 10 * time.Second
 	s := setupAdvisory(t, pool, Options{TakeoverGrace: grace})
 	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
 	const ttl = time.Minute

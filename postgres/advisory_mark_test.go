@@ -946,7 +946,8 @@ func TestAdvisoryUnmarkedHolderHandsOver(t *testing.T) {
 	const name = "unmarked-handover"
 	key := holders.Key(name)
 	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
-	forBob, forCarol := watchFreeFor(t, followers, name, bob), watchFreeFor(t, followers, name, carol)
+	chs := watchFreeForListening(t, followers, name, bob, carol)
+	forBob, forCarol := chs[0], chs[1]
 	for _, c := range []leader.Candidate{bob, carol} {
 		if err := holders.Enlist(callCtx(t), name, c, time.Minute); err != nil {
 			t.Fatal(err)
@@ -1041,7 +1042,8 @@ END $$`); err != nil {
 	const name = "read-committed"
 	key := holders.Key(name)
 	alice, bob, carol := candidate("alice"), candidate("bob"), candidate("carol")
-	forBob, forCarol := watchFreeFor(t, followers, name, bob), watchFreeFor(t, followers, name, carol)
+	chs := watchFreeForListening(t, followers, name, bob, carol)
+	forBob, forCarol := chs[0], chs[1]
 	held := mustGrant(t, holders, name, alice, time.Minute)
 	pid := holders.holderPID(t, name)
 	electortest.Eventually(t, 10*time.Second, "the lock waiter on the holder's mark", func() bool {
@@ -1069,15 +1071,39 @@ func watchFreeFor(t *testing.T, s *AdvisoryStore, name string, c leader.Candidat
 	return ch
 }
 
+// watchFreeForListening returns s.WatchFreeFor(name, c) for each of cs,
+// once s listens. s must not have listened before.
+func watchFreeForListening(t *testing.T, s *AdvisoryStore, name string, cs ...leader.Candidate) []<-chan struct{} {
+	t.Helper()
+	listening := make(chan struct{})
+	s.onListen = func(uint32) {
+		select {
+		case <-listening:
+		default:
+			close(listening)
+		}
+	}
+	var chs []<-chan struct{}
+	for _, c := range cs {
+		chs = append(chs, watchFreeFor(t, s, name, c))
+	}
+	select {
+	case <-listening:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the listener did not LISTEN within 30s")
+	}
+	return chs
+}
+
 // wantHandoverWakesTheSuccessor hands name, held by from under term, over
 // to for 3s, and checks that forTo, the successor's watcher, is woken
 // (what says after what), and forOther, another candidate's, not before
-// half the reservation has passed. Both are drained first.
+// half the reservation has passed. Both are quietened first (see
+// quieten): the wake-ups sent once listening (on the store's channel, and
+// on each candidate channel added) must not count.
 func wantHandoverWakesTheSuccessor(t *testing.T, holders *AdvisoryStore, name string, from leader.Candidate, term uint64, to leader.Candidate, forTo, forOther <-chan struct{}, what string) {
 	t.Helper()
-	time.Sleep(100 * time.Millisecond)
-	drain(forTo)
-	drain(forOther)
+	quieten(t, forTo, forOther)
 	const hold = 3 * time.Second
 	if err := holders.ReleaseTo(callCtx(t), name, from.Token, term, to, leader.GrantTransfer, hold); err != nil {
 		t.Fatal(err)

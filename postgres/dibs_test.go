@@ -104,7 +104,7 @@ func TestReleaseNamesTheCandidateToWakeFirst(t *testing.T) {
 	}
 	heardNamed := heardOn(t, b, candidateChannel(s.opts.Channel, named.Token))
 	heardOther := heardOn(t, b, candidateChannel(s.opts.Channel, other.Token))
-	heard(2 * time.Second) // alice's grant notice
+	awaitNotice(t, heard, payloadGrant+"dibs") // alice's grant notice
 	mustRelease(t, s, "dibs", alice, l.Term)
 	if got := heard(200 * time.Millisecond); len(got) != 0 {
 		t.Fatalf("a plain release with candidates notified %q on the store's channel before noticeDelay; want nothing", got)
@@ -123,7 +123,7 @@ func TestReleaseNamesTheCandidateToWakeFirst(t *testing.T) {
 	// Taken before noticeDelay, by a candidate that was not named (the
 	// lease is not reserved): no release notice on the store's channel.
 	l = mustGrant(t, s, "dibs", alice, time.Minute)
-	heard(2 * time.Second) // its grant notice
+	awaitNotice(t, heard, payloadGrant+"dibs") // its grant notice
 	mustRelease(t, s, "dibs", alice, l.Term)
 	mustGrant(t, s, "dibs", candidate("bob"), time.Minute)
 	if got := heardNamed(time.Second); len(got) != 1 {
@@ -136,7 +136,7 @@ func TestReleaseNamesTheCandidateToWakeFirst(t *testing.T) {
 	// Without candidates, the plain release's notice.
 	solo := "solo"
 	ls := mustGrant(t, s, solo, alice, time.Minute)
-	heard(2 * time.Second)
+	awaitNotice(t, heard, payloadGrant+solo) // its grant notice
 	mustRelease(t, s, solo, alice, ls.Term)
 	if got := heard(time.Second); len(got) != 1 || got[0] != solo {
 		t.Fatalf("a plain release without candidates notified %q; want [%q]", got, solo)
@@ -158,7 +158,7 @@ func TestReleaseNoticeOnALongChannel(t *testing.T) {
 	alice := candidate("alice")
 	l := mustGrant(t, b.store, "dibs", alice, time.Minute)
 	named, _ := enlistForDibs(t, b.store, "dibs", &alice)
-	heard(time.Second) // alice's grant notice
+	awaitNotice(t, heard, payloadGrant+"dibs") // alice's grant notice
 	mustRelease(t, b.store, "dibs", alice, l.Term)
 	if got, want := heard(time.Second), dibsNotice("dibs", named); len(got) != 1 || got[0] != want {
 		t.Fatalf("a plain release on a long channel notified %q; want [%q] alone", got, want)
@@ -219,16 +219,40 @@ func watchFor(t *testing.T, s leader.HandoverWatcher, name string, c leader.Cand
 	return ch
 }
 
-// wokenInOrder checks that first is woken, and then other, no sooner
-// than dibsHold after first (nobody takes the lease, so the candidates
-// that the release did not name are woken once their turn has passed).
-func wokenInOrder(t *testing.T, first, other <-chan struct{}) {
+// wokenInOrder returns a check, to call after a release, that the store
+// of w wakes first's free-watcher of name (the candidate of token
+// firstToken), and then other's (of otherToken), no sooner than dibsHold
+// after first's (nobody takes the lease, so the candidates that the
+// release did not name are woken once their turn has passed). The check
+// compares when the store woke each, recorded under its lock from the
+// call of wokenInOrder on: what the test's goroutine sees may come late,
+// and a stalled test would see both at once.
+func wokenInOrder(t *testing.T, w *wakeups, name string, firstToken, otherToken string, first, other <-chan struct{}) func() {
 	t.Helper()
-	waitWake(t, first, "for the candidate named by the release")
-	at := time.Now()
-	waitWake(t, other, "for a candidate the release did not name, nobody having taken the lease")
-	if d := time.Since(at); d < dibsHold {
-		t.Fatalf("the other candidate was woken %v after the named one; want at least dibsHold (%v)", d, dibsHold)
+	var at map[string]time.Time // guarded by w.mu
+	w.mu.Lock()
+	at = make(map[string]time.Time)
+	w.onWake = func(n, token string) {
+		if _, seen := at[token]; n == name && !seen {
+			at[token] = time.Now()
+		}
+	}
+	w.mu.Unlock()
+	return func() {
+		t.Helper()
+		waitWake(t, first, "for the candidate named by the release")
+		waitWake(t, other, "for a candidate the release did not name, nobody having taken the lease")
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.onWake = nil
+		named, okNamed := at[firstToken]
+		rest, okRest := at[otherToken]
+		switch {
+		case !okNamed || !okRest:
+			t.Fatalf("the store's wake-ups of %q: %v; want one for each of %q (named) and %q", name, at, firstToken, otherToken)
+		case rest.Sub(named) < dibsHold:
+			t.Fatalf("the store woke the other candidate %v after the named one; want at least dibsHold (%v)", rest.Sub(named), dibsHold)
+		}
 	}
 }
 
@@ -249,8 +273,9 @@ func TestReleaseWakesTheNamedCandidateFirst(t *testing.T) {
 	chNamed, chOther := watchFor(t, f.store, "dibs", named), watchFor(t, f.store, "dibs", other)
 	waitListening(t, f)
 	quieten(t, chNamed, chOther) // the wake-up sent once listening
+	check := wokenInOrder(t, &f.store.wakeups, "dibs", named.Token, other.Token, chNamed, chOther)
 	mustRelease(t, a.store, "dibs", alice, l.Term)
-	wokenInOrder(t, chNamed, chOther)
+	check()
 }
 
 // TestCloseSendsTheLaterReleaseNotice checks that Close, called right
@@ -270,7 +295,7 @@ func TestCloseSendsTheLaterReleaseNotice(t *testing.T) {
 	if err := b.store.Enlist(callCtx(t), "closing", bob, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	heard(time.Second) // alice's grant notice
+	awaitNotice(t, heard, payloadGrant+"closing") // alice's grant notice
 	mustRelease(t, b.store, "closing", alice, l.Term)
 	b.store.Close()
 	if got := heard(time.Second); len(got) != 1 || got[0] != "closing" {
@@ -368,11 +393,12 @@ func TestAdvisoryReleaseWakesTheNamedCandidateFirst(t *testing.T) {
 		}
 	})
 	quieten(t, chNamed, chOther) // the other's deferred wake-up, and any late notice's
+	check := wokenInOrder(t, &followers.wakeups, name, named.Token, other.Token, chNamed, chOther)
 	released := time.Now()
 	// Release returns once the mark is freed.
 	errc := make(chan error, 1)
 	go func() { errc <- holders.Release(callCtx(t), name, alice.Token, l.Term) }()
-	wokenInOrder(t, chNamed, chOther)
+	check()
 	if d := time.Since(released); d > holders.markAfter/2 {
 		t.Fatalf("the candidates were woken %v after the release; want well before the mark is freed (%v)", d, holders.markAfter)
 	}

@@ -93,6 +93,10 @@ type wakeups struct {
 	// onListen, set only by tests, is called with the listener's backend
 	// PID each time LISTEN succeeds, after the watchers were woken.
 	onListen func(pid uint32)
+	// onWake, set only by tests (under mu), is called under mu with the
+	// name and the watcher's token each time a free-watcher is woken by
+	// a notice (or by a deferred wake-up, see deferLocked).
+	onWake func(name, token string)
 }
 
 func newWakeups(d dialer, opts Options, what string) wakeups {
@@ -506,6 +510,9 @@ func (w *wakeups) wakeNameLocked(n notice) {
 		case wt.kind == watchGrants && n.ev == eventGrant:
 		default:
 			continue
+		}
+		if w.onWake != nil && wt.kind == watchFree {
+			w.onWake(n.name, wt.token)
 		}
 		notify(ch)
 	}

@@ -516,22 +516,22 @@ func heardOn(t *testing.T, b testBundle, channel string) func(d time.Duration) [
 	}
 }
 
-// awaitPrepareNotice waits, with heard (see heardOn), until the listener
-// has heard a prepared handover's own notice, which the tests that follow
-// leave out of what they hear next, and fails if it hears another first
-// or none within 10 s. (A window of 10 ms, its first form, was at times
-// too short for a busy machine to deliver the notice in.)
-func awaitPrepareNotice(t *testing.T, heard func(time.Duration) []string) {
+// awaitNotice waits, with heard (see heardOn), until the listener has
+// heard a notice whose payload begins with want, which the test that
+// follows leaves out of what it hears next, and fails if it hears another
+// first or none within 10 s. (A fixed window, its first form, was at
+// times too short for a busy machine to deliver the notice in.)
+func awaitNotice(t *testing.T, heard func(time.Duration) []string, want string) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		for _, p := range heard(50 * time.Millisecond) {
-			if !strings.HasPrefix(p, payloadPrepare) {
-				t.Fatalf("waiting for the preparation's notice, the listener heard %q first", p)
+			if !strings.HasPrefix(p, want) {
+				t.Fatalf("waiting for a notice %q…, the listener heard %q first", want, p)
 			}
 			return
 		}
 	}
-	t.Fatal("the listener did not hear the preparation's notice within 10 s")
+	t.Fatalf("the listener did not hear a notice %q… within 10 s", want)
 }
 
 // TestPreparedHandoverNoticeOnlyIfUntaken checks the release's NOTIFY of
@@ -555,7 +555,7 @@ func TestPreparedHandoverNoticeOnlyIfUntaken(t *testing.T) {
 			heard := heardOn(t, a, a.store.opts.Channel)
 			succ := position(t, a, "prep", bob, ttl)
 			p := mustPrepare(t, a.store, "prep", alice, l.Term, bob)
-			awaitPrepareNotice(t, heard)
+			awaitNotice(t, heard, payloadPrepare) // the preparation's own notice
 			if !taken {
 				var pid int64
 				err := a.pool.QueryRow(callCtx(t), `SELECT pid FROM pg_locks
@@ -620,7 +620,7 @@ func TestWaitedGrantNoticeDeferred(t *testing.T) {
 			heard := heardOn(t, a, a.store.opts.Channel)
 			succ := position(t, a, "wg", bob, ttl, func(s *LeaseStore) { s.noticeDelay = delay })
 			p := mustPrepare(t, a.store, "wg", alice, l.Term, bob)
-			awaitPrepareNotice(t, heard)
+			awaitNotice(t, heard, payloadPrepare) // the preparation's own notice
 			if err := p.Commit(callCtx(t), leader.GrantTransfer, ttl); err != nil {
 				t.Fatal(err)
 			}

@@ -295,8 +295,12 @@ func testTransfers(t *testing.T, strategy postgres.Strategy) {
 		const ttl = 2 * time.Second
 		g := newTransferGroup(t, strategy, "priority", ttl)
 		g.start(t, "low", 0)
-		_, term := g.leader(t)
+		from, term := g.leader(t)
 		g.start(t, "high", 5)
+		// Mid starts once high is a candidate: had mid's request come
+		// while high was not yet enlisted (its store's first attempt
+		// still under way), low would rightly hand over to mid.
+		g.enlisted(t, from)
 		g.start(t, "mid", 1) // above the leader too, but below high
 		electortest.Eventually(t, 6*ttl, "high to lead", g.es["high"].IsLeader)
 		st := g.es["high"].Status()

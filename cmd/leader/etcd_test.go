@@ -43,9 +43,7 @@ func TestRunFailoverOnEtcd(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	store, _ := etcdStoreURL(t, 3)
-	// The etcd lease of a 2 s TTL lasts 2 s (etcd's leases are whole
-	// seconds), and etcd ends it up to a second later.
-	failover(t, e, store, "2s", 20*time.Second, 2*time.Second)
+	failover(t, e, store, "2s", 20*time.Second)
 }
 
 // TestRunOnEtcdSurvivesTheLossOfAMember kills the etcd member that is the

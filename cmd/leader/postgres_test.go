@@ -121,10 +121,7 @@ func TestPostgres(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
 		u := migrated(t, e)
-		// The handover's bound is under the 2 s TTL, which a takeover at
-		// the lease's expiry would take; 1 s was not enough on a loaded
-		// machine (1.3 s under go test -parallel 8).
-		failover(t, e, u, "2s", 20*time.Second, 1500*time.Millisecond)
+		failover(t, e, u, "2s", 20*time.Second)
 	})
 
 	t.Run("a frozen leader's command is stopped before the lease passes on", func(t *testing.T) {

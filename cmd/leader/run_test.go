@@ -14,13 +14,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leaderelect/leader"
 )
 
 // failover runs three candidates on store, then kills the leading "leader"
 // process with SIGKILL and stops the next one with SIGTERM, checking from
 // the children's own logs that exactly one child runs at a time and that a
 // killed leader's child (and its child) is gone before the next one starts.
-func failover(t *testing.T, e *env, store, ttl string, takeoverLimit, handoverLimit time.Duration) {
+func failover(t *testing.T, e *env, store, ttl string, takeoverLimit time.Duration) {
 	log := newChildLog(t, e)
 	procs := e.candidates(3, log, store, "--ttl", ttl)
 
@@ -66,7 +68,7 @@ func failover(t *testing.T, e *env, store, ttl string, takeoverLimit, handoverLi
 	stopped := procs[second.fields[3]]
 	stopped.signal(syscall.SIGTERM)
 	termAt := time.Now()
-	waitFor(t, handoverLimit+5*time.Second, "a third child after SIGTERM of the leader", func() bool {
+	waitFor(t, 20*time.Second, "a third child after SIGTERM of the leader", func() bool {
 		return len(log.starts()) >= 3
 	})
 	third := log.starts()[2]
@@ -86,15 +88,24 @@ func failover(t *testing.T, e *env, store, ttl string, takeoverLimit, handoverLi
 	log.checkNoOverlap()
 	log.assertAtMostOneRunsFor(300 * time.Millisecond)
 	t.Logf("takeover after SIGKILL: %v; handover after SIGTERM: %v", takeover.Round(time.Millisecond), handover.Round(time.Millisecond))
-	if handover > handoverLimit {
-		t.Errorf("handover took %v, want under %v", handover, handoverLimit)
+	// The stopped leader handed over (leader run's HandOverOnStop), and
+	// the third did not wait for the lease to run out: the grant's reason
+	// says so, however slow the machine (a bound on the time, its first
+	// form, was at times too tight for a loaded one). How fast a handover
+	// is, the bench measures.
+	st, who := statusJSONOf(t, e, []string{"--store", store}), "nobody"
+	if st.Leader != nil {
+		who = *st.Leader
+	}
+	if who != third.fields[3] || st.Reason != string(leader.GrantTransfer) {
+		t.Errorf("status after the SIGTERM: %s leads, term %d, reason %q; want %s, reason %q (handed over, not taken at the expiry)", who, st.Term, st.Reason, third.fields[3], leader.GrantTransfer)
 	}
 }
 
 func TestRunFailoverOnTheEmbeddedStore(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	failover(t, e, e.fileStore(), "15s", 5*time.Second, time.Second)
+	failover(t, e, e.fileStore(), "15s", 5*time.Second)
 }
 
 func TestRunRestartPolicies(t *testing.T) {

@@ -483,13 +483,25 @@ func (s *processEnv) leaderOf(name string, after uint64, within time.Duration) (
 }
 
 // leading reports whether c leads name with term, as the register shows:
-// it is the latest writer, with term, and writes again within a few
-// writeEvery.
+// it is the latest writer, with term, and writes again, with nobody
+// writing in between, within a TTL (a child's writer stalled for longer
+// than a few writeEvery on a busy machine still leads, and a fixed wait
+// of 5 writeEvery, the first form, took it for a lost leader).
 func (s *processEnv) leading(c *child, name string, term uint64) bool {
 	w1, t1, n1 := s.latest(name)
-	time.Sleep(5 * writeEvery)
-	w2, t2, n2 := s.latest(name)
-	return w1 == c.id && w2 == c.id && t1 == term && t2 == term && n2 > n1
+	if w1 != c.id || t1 != term {
+		return false
+	}
+	for deadline := time.Now().Add(ttl); time.Now().Before(deadline); time.Sleep(writeEvery) {
+		w2, t2, n2 := s.latest(name)
+		switch {
+		case w2 != c.id || t2 != term:
+			return false
+		case n2 > n1:
+			return true
+		}
+	}
+	return false
 }
 
 // leads returns the names whose latest write was c's, and their terms:
