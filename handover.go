@@ -120,8 +120,7 @@ func (e *Elector) reserveFor() time.Duration { return e.cfg.RenewInterval }
 // leader context is cancelled, OnDemoted runs and OnElected is awaited),
 // then releases the lease reserved for the successor: the successor, woken
 // by the release, takes it at once with the next term, while the other
-// candidates wait. Transfer returns the lease as the successor holds it
-// (unheld, with a later term, if it has lost it again already).
+// candidates wait. Transfer returns the lease as the successor holds it.
 // If the successor does not take it within one RenewInterval (it stopped, or cannot
 // reach the store), the reservation lapses and the lease is an ordinary
 // released one that any candidate may take: Transfer then returns an error

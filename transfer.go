@@ -238,11 +238,11 @@ const DefaultTransferTimeout = 30 * time.Second
 // OnElected to return, and releases the lease reserved for the successor,
 // which takes it at once with the next term while the other candidates
 // wait (see Elector.Transfer). RequestTransfer returns the lease as the
-// successor holds it (unheld, with a later term, if it has lost it again
-// already). It returns an error wrapping ErrNoLeader if nobody
+// successor holds it. It returns an error wrapping ErrNoLeader if nobody
 // leads, ErrNoCandidate if no other candidate campaigns with the ID to (or
 // at all), ErrTransferNotTaken if the successor did not take the lease
-// within its reservation, and ctx.Err() if ctx ends first. The request
+// within its reservation (or nobody holds the term granted to it a second
+// later), and ctx.Err() if ctx ends first. The request
 // stays pending until ctx's deadline, or for DefaultTransferTimeout; if it
 // lapses, or the leader declines it (it found no successor), or its
 // Elector predates transfers, RequestTransfer fails saying so.
@@ -286,21 +286,25 @@ func RequestTransfer(ctx context.Context, store Store, name, to string) (Lease, 
 
 // awaitSuccessor waits until name's lease on store has been granted after
 // term, and returns it: with an error wrapping ErrTransferNotTaken if to is
-// not "" and another candidate holds it, or if it was released and its
-// reservation ran out with nobody taking it. Unless requested is false, the
-// handover had been requested of the holder of term, and a request that
-// lapses or is cleared while term still holds fails the wait. It waits on
-// wake, and polls as well: without wake (nil) every few milliseconds at
-// first, then less often; with it, from 25 ms on, so that its own
-// statements do not compete with the successor's grant. For the same
-// reason it looks awakeSettle after a wake-up, not at once: the release
-// wakes it too, as the successor's grant is about to run. A term after
-// term that nobody holds is returned only once it has stayed unheld for
-// grantSettle: a store may record the grant before the successor holds it
-// (the advisory strategy's row names the successor as the staged release
-// commits, and its session takes the lock a moment later), so an unheld
-// new term is a grant in progress until then, and a grant lost again
-// after it.
+// not "" and another candidate holds it, if it was released and its
+// reservation ran out with nobody taking it, or if a later term stays
+// unheld (see below). Unless requested is false, the handover had been
+// requested of the holder of term, and a request that lapses or is cleared
+// while term still holds fails the wait. It waits on wake, and polls as
+// well: without wake (nil) every few milliseconds at first, then less
+// often; with it, from 25 ms on, so that its own statements do not compete
+// with the successor's grant. For the same reason it looks awakeSettle
+// after a wake-up, not at once: the release wakes it too, as the
+// successor's grant is about to run.
+//
+// A later term that nobody holds is a grant in progress while it is
+// reserved for its successor, and for grantSettle after it was first seen
+// unheld: a store may record a grant before its successor holds it (the
+// advisory strategy's staged release names the successor's session as it
+// commits, and reserves the lease for it until that session has claimed
+// it), so it is looked at again, from awakeSettle on and less and less
+// often. A later term still unheld after that fails the wait: its
+// successor never took it, or lost it already.
 func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name string, term uint64, to string, requested bool) (Lease, error) {
 	poll, first := time.Millisecond, time.Duration(0)
 	if wake != nil {
@@ -310,7 +314,10 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 	defer timer.Stop()
 	due := time.Now().Add(first) // when the timer fires
 	sawReserved := false
-	var unheld time.Time // when a new term was first seen unheld
+	var (
+		unheld time.Time     // when a later term was first seen unheld
+		settle time.Duration // the next wait while it stays unheld
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -339,16 +346,16 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 			return l, nil
 		case l.Term > term:
 			if unheld.IsZero() {
-				unheld = time.Now()
+				unheld, settle = time.Now(), awakeSettle
 			}
-			if time.Since(unheld) < grantSettle {
+			if l.Successor != "" || time.Since(unheld) < grantSettle {
 				// Granted, and perhaps not yet taken: look again soon.
-				timer.Reset(awakeSettle)
-				due = time.Now().Add(awakeSettle)
+				timer.Reset(settle)
+				due = time.Now().Add(settle)
+				settle = min(settle*2, 100*time.Millisecond)
 				continue
 			}
-			// Granted and lost again already: leadership has moved.
-			return l, nil
+			return l, fmt.Errorf("leader: transfer %q: term %d was granted after term %d, but nobody holds it: its successor never took it, or lost it already: %w", name, l.Term, term, ErrTransferNotTaken)
 		case l.Successor != "":
 			sawReserved = true
 		case !l.Held() && (sawReserved || !requested):
@@ -371,11 +378,11 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 // lease: about what a successor's grant takes, woken by the same release.
 const awakeSettle = 5 * time.Millisecond
 
-// grantSettle is how long awaitSuccessor waits for a new term it sees
-// unheld to be held before it returns it as granted and lost again: far
-// longer than a successor takes to take a grant recorded for it, even on a
-// busy machine. It delays only the return of a transfer whose successor
-// lost the lease again at once.
+// grantSettle is how long awaitSuccessor waits for a later term it sees
+// unheld, and not reserved, to be held before it fails: far longer than a
+// successor takes to take a grant recorded for it, even on a busy machine.
+// It delays only the failure of a transfer whose successor never took the
+// lease, or lost it at once.
 const grantSettle = time.Second
 
 // chooseSuccessor picks the candidate to hand over to among cands, leaving

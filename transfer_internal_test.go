@@ -52,12 +52,28 @@ func TestAwaitSuccessorWaitsForAGrantInProgress(t *testing.T) {
 			t.Fatalf("awaitSuccessor = %+v, %v; want the lease held by c and ErrTransferNotTaken", l, err)
 		}
 	})
-	t.Run("a new term that stays unheld is returned as moved on after grantSettle", func(t *testing.T) {
+	t.Run("a later term that stays unheld fails the wait after grantSettle", func(t *testing.T) {
 		s := &scriptedStore{script: []Lease{granted}}
 		start := time.Now()
 		l, err := awaitSuccessor(t.Context(), s, nil, "n", 1, "b", true)
-		if took := time.Since(start); err != nil || l.Term != 2 || l.Held() || took < grantSettle {
-			t.Fatalf("awaitSuccessor = %+v, %v after %v; want the unheld lease with term 2, no error, after at least %v", l, err, took, grantSettle)
+		if took := time.Since(start); !errors.Is(err, ErrTransferNotTaken) || l.Term != 2 || took < grantSettle {
+			t.Fatalf("awaitSuccessor = %+v, %v after %v; want ErrTransferNotTaken after at least %v", l, err, took, grantSettle)
+		}
+	})
+	t.Run("a later term reserved for its successor is waited for beyond grantSettle", func(t *testing.T) {
+		// As an advisory staged release leaves the row until the
+		// successor's session claims it: unheld, reserved for it.
+		reserved := granted
+		reserved.Successor, reserved.Reserved = "b", time.Second
+		script := make([]Lease, 0, 21)
+		for range 20 { // 100 ms apart from the sixth on: about 1.6 s
+			script = append(script, reserved)
+		}
+		s := &scriptedStore{script: append(script, held)}
+		start := time.Now()
+		l, err := awaitSuccessor(t.Context(), s, nil, "n", 1, "b", true)
+		if took := time.Since(start); err != nil || l.HolderID != "b" || took < grantSettle {
+			t.Fatalf("awaitSuccessor = %+v, %v after %v; want the lease held by b, after more than %v", l, err, took, grantSettle)
 		}
 	})
 	t.Run("its context ends the wait", func(t *testing.T) {

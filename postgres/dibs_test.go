@@ -249,7 +249,7 @@ func wokenInOrder(t *testing.T, w *wakeups, name string, firstToken, otherToken 
 		rest, okRest := at[otherToken]
 		switch {
 		case !okNamed || !okRest:
-			t.Fatalf("the store's wake-ups of %q: %v; want one for each of %q (named) and %q", name, at, firstToken, otherToken)
+			t.Fatalf("the store's wake-ups of %q by notice: %v; want one for each of %q (named) and %q (a listener that reconnected wakes every watcher, unrecorded)", name, at, firstToken, otherToken)
 		case rest.Sub(named) < dibsHold:
 			t.Fatalf("the store woke the other candidate %v after the named one; want at least dibsHold (%v)", rest.Sub(named), dibsHold)
 		}

@@ -94,8 +94,10 @@ type wakeups struct {
 	// PID each time LISTEN succeeds, after the watchers were woken.
 	onListen func(pid uint32)
 	// onWake, set only by tests (under mu), is called under mu with the
-	// name and the watcher's token each time a free-watcher is woken by
-	// a notice (or by a deferred wake-up, see deferLocked).
+	// name and the watcher's token each time wakeNameLocked wakes a
+	// free-watcher for a release, a handover or a deferred wake-up (see
+	// deferLocked); not for a preparation's notice, nor when the listener
+	// (re)connects and wakes every watcher.
 	onWake func(name, token string)
 }
 

@@ -68,11 +68,6 @@ func runTransfer(a *app, ctx context.Context, args []string) int {
 		writeJSON(a.stdout, leaseJSON(o.name, l, time.Time{}))
 		return exitOK
 	}
-	if !l.Held() {
-		// Granted, and lost again already.
-		fmt.Fprintf(a.stdout, "%s handed election %q over (term %d -> %d); nobody leads now\n", before.HolderID, o.name, before.Term, l.Term)
-		return exitOK
-	}
 	fmt.Fprintf(a.stdout, "%s handed election %q over to %s (term %d -> %d)\n", before.HolderID, o.name, l.HolderID, before.Term, l.Term)
 	return exitOK
 }
