@@ -119,10 +119,9 @@ func poolWith(t *testing.T, pool *pgxpool.Pool, change func(*pgx.ConnConfig)) *p
 	return own
 }
 
-// watchFreeSettled returns s.WatchFree(name) once s listens and name's
-// lock waiter has made its first look.
-func (s *AdvisoryStore) watchFreeSettled(t *testing.T, name string) <-chan struct{} {
-	t.Helper()
+// listeningSignal returns a channel closed once s's listener has first
+// LISTENed (see wakeups.onListen). s must not have listened before.
+func (s *AdvisoryStore) listeningSignal() <-chan struct{} {
 	listening := make(chan struct{})
 	s.onListen = func(uint32) {
 		select {
@@ -131,6 +130,14 @@ func (s *AdvisoryStore) watchFreeSettled(t *testing.T, name string) <-chan struc
 			close(listening)
 		}
 	}
+	return listening
+}
+
+// watchFreeSettled returns s.WatchFree(name) once s listens and name's
+// lock waiter has made its first look.
+func (s *AdvisoryStore) watchFreeSettled(t *testing.T, name string) <-chan struct{} {
+	t.Helper()
+	listening := s.listeningSignal()
 	ch, err := s.WatchFree(t.Context(), name)
 	if err != nil {
 		t.Fatal(err)
@@ -1075,14 +1082,7 @@ func watchFreeFor(t *testing.T, s *AdvisoryStore, name string, c leader.Candidat
 // once s listens. s must not have listened before.
 func watchFreeForListening(t *testing.T, s *AdvisoryStore, name string, cs ...leader.Candidate) []<-chan struct{} {
 	t.Helper()
-	listening := make(chan struct{})
-	s.onListen = func(uint32) {
-		select {
-		case <-listening:
-		default:
-			close(listening)
-		}
-	}
+	listening := s.listeningSignal()
 	var chs []<-chan struct{}
 	for _, c := range cs {
 		chs = append(chs, watchFreeFor(t, s, name, c))
