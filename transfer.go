@@ -314,10 +314,7 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 	defer timer.Stop()
 	due := time.Now().Add(first) // when the timer fires
 	sawReserved := false
-	var (
-		unheld time.Time     // when a later term was first seen unheld
-		settle time.Duration // the next wait while it stays unheld
-	)
+	var unheld time.Time // when a later term was first seen unheld
 	for {
 		select {
 		case <-ctx.Done():
@@ -345,17 +342,14 @@ func awaitSuccessor(ctx context.Context, store Store, wake <-chan struct{}, name
 			}
 			return l, nil
 		case l.Term > term:
+			// Granted, and perhaps not yet taken: look again soon, from
+			// awakeSettle on, unless it has stayed unheld too long.
 			if unheld.IsZero() {
-				unheld, settle = time.Now(), awakeSettle
+				unheld, poll = time.Now(), awakeSettle
 			}
-			if l.Successor != "" || time.Since(unheld) < grantSettle {
-				// Granted, and perhaps not yet taken: look again soon.
-				timer.Reset(settle)
-				due = time.Now().Add(settle)
-				settle = min(settle*2, 100*time.Millisecond)
-				continue
+			if l.Successor == "" && time.Since(unheld) >= grantSettle {
+				return l, fmt.Errorf("leader: transfer %q: term %d was granted after term %d, but nobody holds it: its successor never took it, or lost it already: %w", name, l.Term, term, ErrTransferNotTaken)
 			}
-			return l, fmt.Errorf("leader: transfer %q: term %d was granted after term %d, but nobody holds it: its successor never took it, or lost it already: %w", name, l.Term, term, ErrTransferNotTaken)
 		case l.Successor != "":
 			sawReserved = true
 		case !l.Held() && (sawReserved || !requested):
