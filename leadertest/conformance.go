@@ -86,6 +86,10 @@ const (
 	// next check would take for a wake-up of the next event.
 	quietPeriod = 2 * time.Second
 	shortTTL    = 400 * time.Millisecond
+	// entryTTL is for an entry that must still be there at the next look,
+	// and run out a little later: a busy machine may take shortTTL
+	// between two calls.
+	entryTTL    = 2 * time.Second
 	longTTL     = time.Minute
 	waitTimeout = 5 * time.Second
 	pollEvery   = 10 * time.Millisecond

@@ -111,7 +111,9 @@ func testCandidates(t *testing.T, s leader.Store) {
 	alice.Priority, bob.Priority, carol.Priority = 1, 2, 3
 	mustEnlist(t, ts, name, alice, longTTL)
 	mustEnlist(t, ts, name, bob, longTTL)
-	mustEnlist(t, ts, name, carol, shortTTL)
+	// Carol's entry runs out below, but not before the first look: a busy
+	// machine may take shortTTL between the two.
+	mustEnlist(t, ts, name, carol, entryTTL)
 	mustEnlist(t, ts, newName(), newCandidate("elsewhere"), longTTL)
 	if ids, want := candidateIDs(t, ts, name), []string{"alice/1", "bob/2", "carol/3"}; !slices.Equal(ids, want) {
 		t.Fatalf("Candidates = %v; want %v", ids, want)
@@ -126,7 +128,7 @@ func testCandidates(t *testing.T, s leader.Store) {
 	if err := ts.Withdraw(ctx, name, "never-enlisted"); err != nil {
 		t.Fatalf("Withdraw of a token never enlisted: %v; want nil", err)
 	}
-	deadline := time.Now().Add(shortTTL + waitTimeout)
+	deadline := time.Now().Add(entryTTL + waitTimeout)
 	for {
 		ids := candidateIDs(t, ts, name)
 		if slices.Equal(ids, []string{"bob/5"}) {
@@ -199,6 +201,24 @@ func testReleaseToNamed(t *testing.T, s leader.Store) {
 
 func testReleaseToGone(t *testing.T, s leader.Store) {
 	ts := transferer(t, s)
+	// An early grant answered later than the reservation may have run out
+	// cannot be judged: on a machine too busy for that, the case runs again
+	// with a new name, up to three times.
+	const attempts = 3
+	for i := 1; !releaseToGoneOnce(t, s, ts); i++ {
+		if i == attempts {
+			t.Fatalf("%d times, an Acquire right after a handover to a gone successor for %v was answered too late to judge whether it came within the reservation", attempts, shortTTL)
+		}
+		t.Logf("attempt %d: an Acquire right after the handover was answered too late to judge; again with a new name", i)
+	}
+}
+
+// releaseToGoneOnce runs testReleaseToGone once, on a new name. It reports
+// false, having judged nothing, if an Acquire made right after the handover
+// was granted but answered so late that the reservation may have run out
+// by then.
+func releaseToGoneOnce(t *testing.T, s leader.Store, ts leader.Transferer) bool {
+	t.Helper()
 	name := newName()
 	alice, ghost, carol := newCandidate("alice"), newCandidate("ghost"), newCandidate("carol")
 	held := mustGrant(t, s, name, alice, longTTL)
@@ -208,25 +228,32 @@ func testReleaseToGone(t *testing.T, s leader.Store) {
 	// return, a grant in time could seem early by as long as ReleaseTo
 	// took.)
 	reserved := time.Now()
+	within := func() bool { return time.Since(reserved) < shortTTL-clockSlack }
 	mustReleaseTo(t, ts, name, alice, held.Term, ghost, leader.GrantTransfer, shortTTL)
 	if l, granted := acquire(t, s, name, carol, longTTL); granted {
-		t.Fatalf("carol was granted a lease handed to ghost before its reservation ran out: %s", fmtLease(l))
+		if !within() {
+			return false
+		}
+		t.Fatalf("carol was granted a lease handed to ghost before its reservation ran out (%v after the ReleaseTo call, reserved for %v): %s", time.Since(reserved), shortTTL, fmtLease(l))
 	}
 	// The holder cannot take it back either: it is released.
 	if l, granted := acquire(t, s, name, alice, longTTL); granted {
-		t.Fatalf("alice was granted the lease she handed to ghost, before its reservation ran out: %s", fmtLease(l))
+		if !within() {
+			return false
+		}
+		t.Fatalf("alice was granted the lease she handed to ghost, before its reservation ran out (%v after the ReleaseTo call, reserved for %v): %s", time.Since(reserved), shortTTL, fmtLease(l))
 	}
 	deadline := time.Now().Add(shortTTL + waitTimeout)
 	for {
 		l, granted := acquire(t, s, name, carol, longTTL)
 		if granted {
-			if since := time.Since(reserved); since < shortTTL-clockSlack {
-				t.Fatalf("carol was granted the lease %v after it was handed to ghost for %v (counted from the ReleaseTo call)", since, shortTTL)
+			if within() {
+				t.Fatalf("carol was granted the lease %v after it was handed to ghost for %v (counted from the ReleaseTo call)", time.Since(reserved), shortTTL)
 			}
 			if l.Term != held.Term+1 || l.Reason != leader.GrantRelease {
 				t.Fatalf("carol's grant once ghost's reservation ran out = %s; want term %d, reason %q", fmtLease(l), held.Term+1, leader.GrantRelease)
 			}
-			return
+			return true
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("carol was not granted the lease within %v of its handover to ghost for %v: %s", waitTimeout, shortTTL, fmtLease(l))
