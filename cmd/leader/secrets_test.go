@@ -180,8 +180,9 @@ func (r subcommandRun) check(t *testing.T, secrets ...string) {
 // runEverySubcommand runs, at once, every subcommand that talks to the
 // store, with each strategy where it has one (on an election of its own:
 // one election has one strategy), at debug level where it logs, and
-// returns what each printed. A subcommand still running after a few
-// seconds (watch, or run retrying) is stopped with SIGTERM.
+// returns what each printed. watch, which never exits by itself, is
+// stopped with SIGTERM once it has shown the lease and run for a few
+// seconds (see briefly).
 func runEverySubcommand(t *testing.T, e *env, store string) []subcommandRun {
 	t.Helper()
 	var runs []subcommandRun
@@ -214,19 +215,26 @@ func runEverySubcommand(t *testing.T, e *env, store string) []subcommandRun {
 }
 
 // briefly runs the leader binary with args until it exits, and returns
-// what it printed (stdout, then stderr) and its exit code. watch, which
-// never exits by itself, is sent SIGTERM after three seconds; every other
-// subcommand exits by itself, and gets a minute before it is sent SIGTERM:
-// ten of them start at once, each logging in with SCRAM, beside the rest
-// of the suite on a busy machine (three seconds were not always enough).
+// what it printed (stdout, then stderr) and its exit code. Every
+// subcommand but watch exits by itself, and gets a minute before it is
+// sent SIGTERM: ten of them start at once, each logging in with SCRAM,
+// beside the rest of the suite on a busy machine (three seconds were not
+// always enough). watch, which exits by itself only on an error, is sent
+// SIGTERM once it has shown the lease (so it got past logging in) and run
+// for three seconds, or after a minute.
 func (e *env) briefly(args ...string) (output string, code int) {
 	p := e.start(args...)
-	wait := time.Minute
-	if args[0] == "watch" {
-		wait = 3 * time.Second
+	start := time.Now()
+	stop := func() bool {
+		switch {
+		case time.Since(start) >= time.Minute:
+			return true
+		case args[0] == "watch":
+			return time.Since(start) >= 3*time.Second && p.stdout.String() != ""
+		}
+		return false
 	}
-	deadline := time.Now().Add(wait)
-	for !p.exited() && time.Now().Before(deadline) {
+	for !p.exited() && !stop() {
 		time.Sleep(20 * time.Millisecond) // poll interval
 	}
 	if !p.exited() {
